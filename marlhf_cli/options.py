@@ -1,0 +1,79 @@
+"""What every command shares: the common flags, config resolution and user-error handling."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from . import config as config_module
+from .errors import UserError
+
+console = Console(stderr=True)
+
+RunDirOption = Annotated[
+    Optional[Path],
+    typer.Option("--run-dir", help="Run directory shared by all stages. [default: runs/default]", show_default=False),
+]
+ConfigOption = Annotated[
+    Optional[Path],
+    typer.Option("--config", help="YAML file of options (top-level keys and per-stage sections); flags win over it."),
+]
+PresetOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--preset",
+        help="Named settings from templates/presets (tldr, hh, webgpt, apps, cpu-tiny); --config and flags win over it.",
+    ),
+]
+SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Random seed. [default: 42]", show_default=False)]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print the resolved configuration as YAML and exit.")
+]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")]
+
+
+def fail(message: str, debug: bool = False) -> None:
+    """Print a one-line error (or the traceback with --debug) and exit with code 2."""
+    if debug:
+        traceback.print_exc()
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn :class:`UserError` (and unreadable input) into one line and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = bool(kwargs.get("debug")) or "--debug" in sys.argv
+        try:
+            return command(*args, **kwargs)
+        except UserError as err:
+            fail(str(err), debug)
+        except KeyboardInterrupt:
+            console.print("interrupted", style="yellow")
+            raise typer.Exit(code=130) from None
+
+    return wrapper
+
+
+def resolve_config(
+    stage: str,
+    *,
+    preset: str | None,
+    config_file: Path | None,
+    dry_run: bool,
+    **flags: Any,
+) -> Any:
+    """Resolve a stage's config (defaults < preset < --config < flags); print and exit on --dry-run."""
+    resolved = config_module.resolve(stage, preset=preset, config_file=config_file, flags=flags)
+    if dry_run:
+        typer.echo(config_module.to_yaml(resolved), nl=False)
+        raise typer.Exit(code=0)
+    return resolved

@@ -1,0 +1,33 @@
+"""Shared fixtures. Tests never touch a hub: the environment is set offline before imports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def shared_data(*parts: str) -> Path:
+    """A file of ../shared/data, or a skip saying why the test cannot run."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the real-data tests need ../shared/data beside the repository")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real SmolLM2 tokenizer (byte-level BPE), loaded offline."""
+    pytest.importorskip("gguf")
+    from marlhf_cli.models import load_tokenizer
+
+    return load_tokenizer("tiny")
