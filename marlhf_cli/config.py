@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -78,6 +79,7 @@ class SFTConfig(CommonConfig, DataConfig, EngineConfig):
     max_response_length: int = 512
     packing: bool = False
     eval_every: int = 100
+    eval_records: int | None = 500  # ours: held-out records per evaluation (None = all)
     save_every: int = 200
     resume: bool = False
 
@@ -92,6 +94,7 @@ class RMConfig(CommonConfig, DataConfig, EngineConfig):
     max_prompt_length: int = 512
     max_response_length: int = 512
     eval_every: int = 100
+    eval_records: int | None = 500  # ours: held-out pairs per evaluation (None = all)
     save_every: int = 200
     resume: bool = False
 
@@ -125,7 +128,7 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     # macro actions (ma-ppo.md §3-§5)
     termination: str = "fixed"  # fixed | randomized | ppl | parsing | code
     n: float = 5  # fixed-rule segment length; inf = one segment per response
-    cutoff: int = 5  # parsing C (5); the code rule's C_code
+    cutoff: int | None = None  # parsing C / code C_code; None = the rule's default (5 / 10)
     value_function: str = "equal"  # equal | unit | position | first
     ratio: str = "token"  # token | macro
     parser_backend: str = "auto"
@@ -136,15 +139,17 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     eval_prompts: int = 64
     save_every: int = 20
     resume: bool = False
+    # memory: keep the frozen reference and reward model in CPU memory between their forwards
+    offload_frozen: bool = False
 
 
 @dataclass
 class SegmentConfig(CommonConfig):
     rule: str = "fixed"
     n: float = 5
-    cutoff: int = 5
+    cutoff: int | None = None  # per-rule default: parsing 5 (the paper's C), code 10
     tokenizer: str = "tiny"
-    model: str = "tiny"  # only for the ppl rule (reference log-probs)
+    model: str = "smollm2-135m"  # only for the ppl rule (reference log-probs)
     backend: str = "auto"
     format: str = "text"  # text | json
     stats: bool = False
@@ -158,26 +163,27 @@ STAGES: dict[str, type] = {
 }
 
 
-def _coerce(name: str, value: Any, default: Any, annotation: str) -> Any:
-    """Convert YAML/flag values to the field's type; 'inf' is allowed for float fields."""
+_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _coerce(name: str, value: Any, annotation: str) -> Any:
+    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats)."""
     if value is None:
         return None
-    if "float" in annotation and isinstance(value, str) and value.strip().lower() in {"inf", "infinity"}:
+    kind = next((k for k in _SCALARS if re.search(rf"\b{k}\b", annotation)), None)
+    if kind is None:
+        return value
+    if kind == "float" and isinstance(value, str) and value.strip().lower() in {"inf", "infinity"}:
         return math.inf
-    target = type(default) if default is not None else None
-    if target is None:
-        for candidate in (int, float, str, bool):
-            if candidate.__name__ in annotation:
-                target = candidate
-                break
+    wrong = (
+        (kind == "bool" and not isinstance(value, bool))
+        or (kind in ("int", "float") and isinstance(value, bool))
+        or (kind == "int" and isinstance(value, float) and not value.is_integer())
+    )
     try:
-        if target is bool and not isinstance(value, bool):
+        if wrong:
             raise TypeError
-        if target is int and isinstance(value, float) and not value.is_integer():
-            raise TypeError
-        if target in (int, float) and isinstance(value, bool):
-            raise TypeError
-        return target(value) if target is not None else value
+        return _SCALARS[kind](value)
     except (TypeError, ValueError):
         raise UserError(f"config key '{name}': expected {annotation}, got {value!r}") from None
 
@@ -253,14 +259,11 @@ def resolve(
     for key, value in (flags or {}).items():
         if value is not None:
             merged[key.replace("-", "_")] = value
-    defaults = cls()
     annotations = {f.name: str(f.type) for f in fields(cls)}
     unknown = set(merged) - set(annotations)
     if unknown:
         raise UserError(f"unknown option(s) for '{stage}': {', '.join(sorted(unknown))}")
-    kwargs = {
-        key: _coerce(key, value, getattr(defaults, key), annotations[key]) for key, value in merged.items()
-    }
+    kwargs = {key: _coerce(key, value, annotations[key]) for key, value in merged.items()}
     return cls(**kwargs)
 
 

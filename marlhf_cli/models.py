@@ -41,6 +41,14 @@ TINY_ARCH = dict(
 TINY_SEED = 1234
 
 
+def _quiet_transformers() -> None:
+    """Loading bars and load reports of transformers would drown our own progress output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("MARLHF_CACHE", Path.home() / ".cache" / "marlhf"))
 
@@ -91,6 +99,7 @@ def _is_alias(name: str) -> bool:
 def _cached_tokenizer(name: str):
     from transformers import AutoTokenizer
 
+    _quiet_transformers()
     if _is_alias(name):
         cached = cache_dir() / "smollm2-tokenizer"
         if not (cached / "tokenizer.json").is_file():
@@ -184,6 +193,7 @@ def load_causal_lm(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SE
     """A policy or reference model (``AutoModelForCausalLM``)."""
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
+    _quiet_transformers()
     if name == "tiny" and _is_alias(name):
         return _random_init(LlamaForCausalLM, load_tokenizer(name), seed).to(_dtype(dtype))
     path = resolve_model_path(name)
@@ -201,6 +211,7 @@ def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY
     """
     from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
 
+    _quiet_transformers()
     if name == "tiny" and _is_alias(name):
         model = _random_init(LlamaForSequenceClassification, load_tokenizer(name), seed, num_labels=1)
         return model.to(_dtype(dtype))

@@ -1,0 +1,238 @@
+"""``load_records``: any supported source -> validated records of one split, plus a report.
+
+Where the rows come from
+  * ``load_records("tldr")`` (or ``hh``, ``webgpt``, ``apps``): the hub, through
+    ``datasets.load_dataset``. When the hub cannot be reached (no network, or
+    ``HF_DATASETS_OFFLINE=1`` with nothing cached) the embedded sample shipped in
+    ``marlhf_cli/data/samples`` is used instead, written in the hub's own row format so the
+    same adapter parses it, and ``LoadResult.notice`` says so in one line (also logged at
+    INFO level on ``marlhf_cli.data``; the CLI prints the notice).
+  * ``load_records("hh", data_file="hh.jsonl")``: that file, read with that dataset's
+    adapter (which accepts the hub's row shape and the shapes of the real files in
+    ../shared/data, e.g. Anthropic's raw HH transcripts).
+  * ``load_records("rows.jsonl")`` or ``load_records("auto", data_file="rows.jsonl")``: the
+    format is detected from the first row -- the paper datasets' hub or shared-file shapes
+    first (TL;DR, WebGPT, APPS, raw HH transcripts), then TRL's conventions.
+
+Splits
+  SFT 20% / RM 40% / PPO 40% (APPS: SFT 20% / PPO 80%, no RM), deterministic by ``seed``,
+  grouped so related rows stay together (TL;DR: the post; HH, WebGPT, TRL files: the
+  prompt; APPS: the question). ``eval`` is the hub's own validation/test split where it has
+  one (TL;DR ``validation``, HH ``test``, APPS ``test``); otherwise (WebGPT, local files,
+  embedded samples) 10% of the groups are held out first and SFT/RM/PPO share the other
+  90% in the paper's proportions. ``split=None`` returns every record in source order.
+  ``limit`` keeps the first N records of the chosen split (a random sample of it, since a
+  split is in shuffled group order), so a small limit never moves rows between splits.
+
+Bad input
+  File-level problems always raise a one-line :class:`~marlhf_cli.errors.UserError` (exit
+  code 2) naming the file and line: a missing file, bytes that are not UTF-8, a malformed
+  JSON line, a file whose format cannot be recognised. Row-level content problems -- a
+  missing or wrongly typed field, empty text, chosen identical to rejected, an HH prompt
+  mismatch -- are skipped and counted in ``LoadResult.report`` (per reason, with the first
+  locations); with ``strict=True`` the first one raises, naming file, line and field. Rows
+  the recipe drops on purpose (WebGPT ties, ...) are counted as ``dropped``, never errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import UserError, bad_input
+from .hub import HubUnreachable, load_hub_rows
+from .local import is_data_file, read_rows
+from .records import NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
+from .registry import ADAPTERS, DATASETS, Adapter, detect_format
+from .report import SkipReport
+from .splits import SPLITS, split_by_groups, with_eval
+
+log = logging.getLogger("marlhf_cli.data")
+
+AUTO = ("auto", "file", "local")
+
+
+@dataclass
+class LoadResult:
+    """Records of one split and how they were obtained.
+
+    ``report`` describes the whole source that was read (all splits), ``source`` is
+    ``"hub:<repo>"``, ``"embedded:<name>"`` or the file path, ``notice`` a one-line message
+    for the user when something noteworthy happened (the hub fallback), else ``None``.
+    ``dataset`` and ``variant`` name the adapter and row shape used.
+    """
+
+    records: list[dict]
+    report: SkipReport
+    source: str
+    notice: str | None
+    dataset: str
+    variant: str
+    split: str | None
+
+    @property
+    def kind(self) -> str:
+        """'preference', 'demonstration' or 'problem': which stages these records can feed."""
+        if self.records:
+            return record_kind(self.records[0])
+        return "problem" if self.dataset == "apps" else "preference"
+
+
+def load_records(
+    dataset: str,
+    *,
+    data_file: str | Path | None = None,
+    split: str | None = None,
+    seed: int = 0,
+    strict: bool = False,
+    limit: int | None = None,
+) -> LoadResult:
+    """Load, validate and split a dataset (see the module doc for sources, splits, bad input)."""
+    if split is not None and split not in SPLITS:
+        raise UserError(f"unknown split '{split}': expected one of {', '.join(SPLITS)}")
+    if limit is not None and limit < 0:
+        raise UserError(f"limit must be 0 or more, got {limit}")
+    name = str(dataset).strip()
+    if data_file is not None:
+        forced = ADAPTERS.get(name.lower())
+        if forced is None and name.lower() not in AUTO:
+            raise _unknown(name)
+        result = _from_file(Path(data_file), forced, split, seed, strict)
+    elif name.lower() in DATASETS:
+        result = _from_hub(DATASETS[name.lower()], split, seed, strict)
+    elif name.lower() == "trl" or name.lower() in AUTO:
+        raise UserError(f"--dataset {name} needs a file: pass --data-file PATH")
+    elif is_data_file(name):
+        result = _from_file(Path(name), None, split, seed, strict)
+    else:
+        raise _unknown(name)
+    if limit is not None:
+        result.records = result.records[:limit]
+    return result
+
+
+def _unknown(name: str) -> UserError:
+    names = ", ".join(DATASETS)
+    return UserError(f"unknown dataset '{name}': expected one of {names}, or a .jsonl/.json/.parquet file")
+
+
+def _from_file(path: Path, adapter: Adapter | None, split: str | None, seed: int, strict: bool) -> LoadResult:
+    report = SkipReport()
+    parsed, adapter, variant = _parse_rows(read_rows(path), path, adapter, strict, report)
+    _check_split_exists(adapter, split)
+    records = _select(parsed, with_eval(adapter.fractions), split, seed)
+    return LoadResult(records, report, str(path), None, adapter.name, variant, split)
+
+
+def _from_hub(adapter: Adapter, split: str | None, seed: int, strict: bool) -> LoadResult:
+    _check_split_exists(adapter, split)
+    hub = adapter.hub
+    report = SkipReport()
+    try:
+        if hub.eval_split is None:
+            rows = _hub_rows(adapter, hub.train_split)
+            parsed, _, variant = _parse_rows(rows, hub.source(hub.train_split), adapter, strict, report)
+            records = _select(parsed, with_eval(adapter.fractions), split, seed)
+        else:
+            records, variant = [], ""
+            if split != "eval":
+                rows = _hub_rows(adapter, hub.train_split)
+                parsed, _, variant = _parse_rows(rows, hub.source(hub.train_split), adapter, strict, report)
+                records += _select(parsed, adapter.fractions, split, seed)
+            if split in ("eval", None):
+                rows = _hub_rows(adapter, hub.eval_split)
+                parsed, _, variant = _parse_rows(rows, hub.source(hub.eval_split), adapter, strict, report)
+                records += [p.record for p in parsed]
+    except HubUnreachable as err:
+        return _from_sample(adapter, split, seed, strict, reason=str(err))
+    return LoadResult(records, report, f"hub:{hub.repo}", None, adapter.name, variant, split)
+
+
+def _hub_rows(adapter: Adapter, hub_split: str) -> Iterable[tuple[int, Any]]:
+    return enumerate(load_hub_rows(adapter.hub, hub_split), start=1)
+
+
+def _from_sample(adapter: Adapter, split: str | None, seed: int, strict: bool, reason: str) -> LoadResult:
+    report = SkipReport()
+    path = adapter.sample_path
+    parsed, _, variant = _parse_rows(read_rows(path), path, adapter, strict, report)
+    records = _select(parsed, with_eval(adapter.fractions), split, seed)
+    notice = (
+        f"hub unreachable ({reason}): using the embedded {adapter.name} sample "
+        f"({len(parsed)} records) instead of {adapter.hub.repo}"
+    )
+    log.info(notice)
+    return LoadResult(records, report, f"embedded:{adapter.name}", notice, adapter.name, variant, split)
+
+
+def _check_split_exists(adapter: Adapter, split: str | None) -> None:
+    if split is not None and split != "eval" and split not in adapter.fractions:
+        have = ", ".join([*adapter.fractions, "eval"])
+        raise UserError(
+            f"{adapter.name} has no '{split}' split (it has {have}): the paper trains no reward model on it"
+        )
+
+
+def _select(parsed: list[Parsed], fractions: dict, split: str | None, seed: int) -> list[dict]:
+    if split is None:
+        return [p.record for p in parsed]
+    parts = split_by_groups([p.record for p in parsed], [p.group for p in parsed], fractions, seed)
+    return parts.get(split, [])
+
+
+def _parse_rows(
+    rows: Iterable[tuple[int, Any]], path: object, adapter: Adapter | None, strict: bool, report: SkipReport
+) -> tuple[list[Parsed], Adapter, str]:
+    """Run the adapter over every row, counting (or, under ``strict``, raising on) bad ones."""
+    parsed: list[Parsed] = []
+    variant: str | None = None
+    for line, row in rows:
+        report.rows += 1
+        if not isinstance(row, dict):
+            detail = f"expected a JSON object, got {type_name(row)}"
+            if strict:
+                raise bad_input(detail, path, line)
+            report.add_skip(NOT_AN_OBJECT, path, line, None, detail)
+            continue
+        if variant is None:
+            adapter, variant = _recognise(row, adapter, path, line)
+        try:
+            parsed.append(adapter.parse(row, variant))
+        except RowProblem as problem:
+            if strict:
+                raise bad_input(f"{problem.detail} (strict mode)", path, line, problem.field) from None
+            report.add_skip(problem.reason, path, line, problem.field, problem.detail)
+        except Dropped as drop:
+            report.add_drop(drop.reason)
+    report.kept += len(parsed)
+    if not parsed:
+        detail = report.summary() if report.rows else "no rows"
+        raise bad_input(f"no usable rows ({detail})", path)
+    return parsed, adapter, variant or ""
+
+
+def _recognise(row: dict, adapter: Adapter | None, path: object, line: int) -> tuple[Adapter, str]:
+    """The row shape of a file, from its first object row (``adapter`` given: only its shapes)."""
+    keys = ", ".join(sorted(row)) or "(none)"
+    if adapter is not None:
+        variant = adapter.detect(row)
+        if variant is None:
+            raise bad_input(
+                f"does not look like {adapter.name} data ({adapter.description}); found fields {keys}."
+                " Pass the file alone (--dataset PATH) to detect its format",
+                path,
+                line,
+            )
+        return adapter, variant
+    found = detect_format(row)
+    if found is None:
+        raise bad_input(
+            "cannot tell the format from the fields "
+            f"{keys}: expected TRL's prompt/chosen/rejected, chosen/rejected, prompt/completion or messages, "
+            "or a paper dataset's fields (tldr, hh, webgpt, apps)",
+            path,
+            line,
+        )
+    return found

@@ -1,0 +1,84 @@
+"""The MA-PPO method core: termination rules, segment-level advantages, PPO losses.
+
+Pure functions on tensors and token lists. This package imports torch and the standard
+library only (nothing else of marlhf), so any trainer (TRL, OpenRLHF, your own) can call
+it::
+
+    from marlhf_cli.macro import TerminationRule, segment_batch, macro_advantages, policy_loss
+
+    segment_ids, stats = segment_batch(TerminationRule("fixed", n=5), response_mask)
+    advantages, returns = macro_advantages(rewards, values, response_mask, segment_ids,
+                                           gamma=1.0, lam=0.95, value_function="equal")
+
+``parsing_lengths`` and ``token_offsets`` (the natural-language rule and the offset
+alignment) pull in spaCy/stanza, so they are loaded on first access only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .advantages import (
+    VALUE_FUNCTIONS,
+    SegmentLayout,
+    discounted_reverse_cumsum,
+    macro_advantages,
+    num_segments,
+    segment_broadcast,
+    segment_layout,
+    segment_sums,
+    segment_weights,
+    token_gae,
+)
+from .code import DEFAULT_CODE_CUTOFF, code_lengths
+from .losses import RATIO_MODES, masked_mean, policy_loss, value_loss
+from .rules import fixed_lengths, ppl_lengths, randomized_lengths
+from .segmentation import (
+    DEFAULT_PARSING_CUTOFF,
+    RULE_NAMES,
+    SegmentStats,
+    TerminationRule,
+    lengths_to_segment_ids,
+    segment_batch,
+    segment_lengths,
+)
+
+_LAZY = {"parsing_lengths": ".parsing", "token_offsets": ".alignment"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DEFAULT_CODE_CUTOFF",
+    "DEFAULT_PARSING_CUTOFF",
+    "RATIO_MODES",
+    "RULE_NAMES",
+    "VALUE_FUNCTIONS",
+    "SegmentLayout",
+    "SegmentStats",
+    "TerminationRule",
+    "code_lengths",
+    "discounted_reverse_cumsum",
+    "fixed_lengths",
+    "lengths_to_segment_ids",
+    "macro_advantages",
+    "masked_mean",
+    "num_segments",
+    "policy_loss",
+    "ppl_lengths",
+    "randomized_lengths",
+    "segment_batch",
+    "segment_broadcast",
+    "segment_layout",
+    "segment_lengths",
+    "segment_sums",
+    "segment_weights",
+    "token_gae",
+    "value_loss",
+]

@@ -1,0 +1,323 @@
+"""``marlhf segment``: show the macro actions a termination rule makes of any text.
+
+Each response is tokenized once, and the text the rules see is rebuilt from those exact ids
+(:func:`marlhf_cli.macro.alignment.token_offsets`), the same path PPO takes for generated
+responses, so the preview shows what training would do.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .errors import UserError, bad_input
+
+RULES = ("fixed", "randomized", "ppl", "parsing", "code")
+TEXT_FIELDS = ("response", "text")
+HISTOGRAM_BINS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 10), (11, 20), (21, None))
+
+
+@dataclass
+class Segmented:
+    """One response cut into segments by one rule."""
+
+    rule: str
+    pieces: list[tuple[str, int]]  # (segment text, its number of LM tokens)
+    fell_back: bool = False
+
+    def as_json(self) -> dict:
+        return {
+            "rule": self.rule,
+            "segments": [{"text": text, "tokens": tokens} for text, tokens in self.pieces],
+            "fallback": self.fell_back,
+        }
+
+
+@dataclass
+class RuleStats:
+    rule: str
+    lengths: list[int] = field(default_factory=list)
+    fallbacks: int = 0
+    responses: int = 0
+    seconds: float = 0.0
+
+    def histogram(self) -> list[tuple[str, int]]:
+        rows = []
+        for low, high in HISTOGRAM_BINS:
+            label = str(low) if low == high else (f"{low}-{high}" if high else f">={low}")
+            count = sum(1 for n in self.lengths if n >= low and (high is None or n <= high))
+            rows.append((label, count))
+        return rows
+
+
+# ---------------------------------------------------------------------------------------
+# input
+
+
+def read_responses(source: str) -> list[str]:
+    """Responses from a plain-text file (one response), a JSONL file, or '-' for stdin.
+
+    A file is JSONL when its name ends in .jsonl, or when its first non-blank line is a JSON
+    object; each line then needs a string 'response' or 'text' field.
+    """
+    if source == "-":
+        raw = sys.stdin.buffer.read()
+        name = "<stdin>"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise bad_input("file not found", path)
+        raw = path.read_bytes()
+        name = str(path)
+    try:
+        content = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise bad_input(f"invalid UTF-8 at byte {err.start}", name, line) from None
+    if _looks_like_jsonl(name, content):
+        return list(_jsonl_responses(name, content))
+    return [content]
+
+
+def _looks_like_jsonl(name: str, content: str) -> bool:
+    if name.endswith(".jsonl"):
+        return True
+    first = next((line for line in content.splitlines() if line.strip()), "")
+    if not first.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _jsonl_responses(name: str, content: str) -> Iterable[str]:
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise bad_input(f"malformed JSON ({err.msg})", name, number) from None
+        if not isinstance(row, dict):
+            raise bad_input("expected a JSON object", name, number)
+        key = next((k for k in TEXT_FIELDS if k in row), None)
+        if key is None:
+            raise bad_input("missing (expected 'response' or 'text')", name, number, "response")
+        if not isinstance(row[key], str):
+            raise bad_input(f"expected a string, got {type(row[key]).__name__}", name, number, key)
+        yield row[key]
+
+
+# ---------------------------------------------------------------------------------------
+# segmentation
+
+
+def reference_logprobs(model, ids_per_response: list[list[int]], start_id: int) -> list[list[float]]:
+    """Log-probability of each response token under ``model`` (for the ppl rule).
+
+    ``start_id`` (the tokenizer's BOS, or EOS where there is none, as GPT-2 does) conditions
+    the first token, so every response token gets a log-prob.
+    """
+    import torch
+
+    results = []
+    with torch.no_grad():
+        for ids in ids_per_response:
+            context = torch.tensor([[start_id] + ids])
+            logp = torch.log_softmax(model(input_ids=context).logits[0, :-1].float(), dim=-1)
+            results.append(logp.gather(1, context[0, 1:, None])[:, 0].tolist())
+    return results
+
+
+def segment_responses(
+    responses: list[str],
+    rules: list[str],
+    *,
+    tokenizer,
+    n: float,
+    cutoff: int,
+    seed: int,
+    backend: str = "auto",
+    model=None,
+) -> tuple[list[list[Segmented]], dict[str, RuleStats]]:
+    """Cut every response with every rule; returns per-response results and per-rule stats."""
+    from .macro import TerminationRule, segment_lengths
+    from .macro.alignment import token_offsets
+
+    ids_per_response = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in responses]
+    decoded = [token_offsets(tokenizer, ids) for ids in ids_per_response]
+    ref_logprobs = None
+    if "ppl" in rules:
+        if model is None:
+            raise UserError("the ppl rule needs a model (--model)")
+        start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        ref_logprobs = reference_logprobs(model, ids_per_response, start_id)
+
+    stats = {rule: RuleStats(rule) for rule in rules}
+    results: list[list[Segmented]] = [[] for _ in responses]
+    for rule_name in rules:
+        rule = TerminationRule(rule_name, n=n, cutoff=cutoff, seed=seed, backend=backend)
+        rule_stats = stats[rule_name]
+        if rule.needs_text:
+            # load the parser before the clock starts: tokens/s measures the rule itself
+            segment_lengths(rule, 1, text="a", offsets=[(0, 1)])
+        started = time.perf_counter()
+        for index, (text, offsets) in enumerate(decoded):
+            lengths, fell_back = segment_lengths(
+                rule,
+                len(offsets),
+                text=text,
+                offsets=offsets,
+                ref_logprobs=ref_logprobs[index] if ref_logprobs is not None else None,
+                sample_seed=seed + index,
+            )
+            results[index].append(Segmented(rule_name, _pieces(text, offsets, lengths), fell_back))
+            rule_stats.lengths.extend(lengths)
+            rule_stats.fallbacks += int(fell_back)
+            rule_stats.responses += 1
+        rule_stats.seconds = time.perf_counter() - started
+    return results, stats
+
+
+def _pieces(text: str, offsets: list[tuple[int, int]], lengths: list[int]) -> list[tuple[str, int]]:
+    """Segment texts: each runs from its first token's start to the next segment's start."""
+    pieces = []
+    first = 0
+    for length in lengths:
+        last = first + length
+        start = offsets[first][0] if first else 0
+        end = offsets[last][0] if last < len(offsets) else len(text)
+        pieces.append((text[start:end], length))
+        first = last
+    return pieces
+
+
+def summarise(stats: RuleStats) -> dict:
+    lengths = stats.lengths
+    return {
+        "rule": stats.rule,
+        "responses": stats.responses,
+        "segments": len(lengths),
+        "tokens": sum(lengths),
+        "mean": statistics.fmean(lengths) if lengths else 0.0,
+        "median": statistics.median(lengths) if lengths else 0.0,
+        "max": max(lengths, default=0),
+        "fallbacks": stats.fallbacks,
+        "tokens_per_second": sum(lengths) / stats.seconds if stats.seconds > 0 else None,
+        "histogram": dict(stats.histogram()),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the command
+
+
+def parse_rules(spec: str) -> list[str]:
+    rules = list(RULES) if spec == "all" else [r.strip() for r in spec.split(",") if r.strip()]
+    for name in rules:
+        if name not in RULES:
+            raise UserError(f"--rule: unknown rule '{name}' (choose from {', '.join(RULES)}, or all)")
+    if not rules:
+        raise UserError("--rule: no rule given")
+    return rules
+
+
+def run(config, source: str) -> None:
+    """What ``marlhf segment`` does: read, segment with each rule, print."""
+    from .models import load_causal_lm, load_tokenizer
+
+    rules = parse_rules(config.rule)
+    if config.format not in ("text", "json"):
+        raise UserError(f"--format: expected 'text' or 'json', got '{config.format}'")
+    responses = read_responses(source)
+    tokenizer = load_tokenizer(config.tokenizer)
+    model = None
+    if "ppl" in rules:
+        model = load_causal_lm(config.model)
+        if model.config.vocab_size < len(tokenizer):
+            raise UserError(
+                f"--model '{config.model}' does not share the vocabulary of --tokenizer '{config.tokenizer}'"
+            )
+    results, stats = segment_responses(
+        responses, rules, tokenizer=tokenizer, n=config.n, cutoff=config.cutoff,
+        seed=config.seed, backend=config.backend, model=model,
+    )
+    if config.stats:
+        print_stats([summarise(stats[name]) for name in rules], as_json=config.format == "json")
+    elif config.format == "json":
+        for per_rule in results:
+            for segmented in per_rule:
+                print(json.dumps(segmented.as_json(), ensure_ascii=False))
+    else:
+        print_segments(results, show_rule=len(rules) > 1)
+
+
+# ---------------------------------------------------------------------------------------
+# output
+
+SEGMENT_STYLES = ("bold cyan", "bold magenta")
+MARK = "@@"
+
+
+def split_trailing_space(text: str) -> tuple[str, str]:
+    """A segment's text and its trailing whitespace: '@@' goes between them, as in the
+    paper's examples (``def queue_time(customers, n):@@``), though the whitespace tokens
+    belong to the segment."""
+    visible = text.rstrip()
+    return visible, text[len(visible):]
+
+
+def print_segments(results: list[list[Segmented]], show_rule: bool) -> None:
+    """Each response with @@ after every segment; alternating colours on a terminal."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(highlight=False, soft_wrap=True)
+    for index, per_rule in enumerate(results):
+        if index:
+            console.print()
+        for segmented in per_rule:
+            if show_rule:
+                note = " (parse failed: fixed fallback)" if segmented.fell_back else ""
+                console.print(Text(f"[{segmented.rule}{note}]", style="dim"))
+            line = Text()
+            for number, (text, _) in enumerate(segmented.pieces):
+                visible, trailing = split_trailing_space(text)
+                line.append(visible, style=SEGMENT_STYLES[number % 2])
+                line.append(MARK + trailing, style="dim")
+            console.print(line)
+
+
+def print_stats(summaries: list[dict], as_json: bool) -> None:
+    """One row per rule, then the length histogram with one column per rule."""
+    if as_json:
+        for summary in summaries:
+            print(json.dumps(summary))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title="segment lengths (LM tokens) per rule")
+    for column in ("rule", "responses", "segments", "mean", "median", "max", "fallbacks", "tokens/s"):
+        table.add_column(column, justify="left" if column == "rule" else "right")
+    for s in summaries:
+        speed = f"{s['tokens_per_second']:,.0f}" if s["tokens_per_second"] else "-"
+        table.add_row(
+            s["rule"], str(s["responses"]), str(s["segments"]), f"{s['mean']:.2f}",
+            f"{s['median']:g}", str(s["max"]), str(s["fallbacks"]), speed,
+        )
+    console.print(table)
+    histogram = Table(title="segments per length")
+    histogram.add_column("length", justify="right")
+    for s in summaries:
+        histogram.add_column(s["rule"], justify="right")
+    for label in summaries[0]["histogram"] if summaries else []:
+        histogram.add_row(label, *(str(s["histogram"][label]) for s in summaries))
+    console.print(histogram)

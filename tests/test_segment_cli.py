@@ -1,0 +1,128 @@
+"""`marlhf segment` end to end: every rule, both formats, stats, and bad input."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from marlhf_cli.cli import app
+
+RESPONSE = "I don't know (really). The cat sat on the mat.\nIt was a good day, wasn't it?"
+CODE = "def queue_time(customers, n):\n    tills = [0] * n\n    for c in customers:\n        tills[tills.index(min(tills))] += c\n    return max(tills)\n"
+RULES = ["fixed", "randomized", "ppl", "parsing", "code"]
+# ppl uses the tiny random model: the rule only needs log-probs, and it keeps the test fast
+COMMON = ["--tokenizer", "tiny", "--model", "tiny"]
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(app, ["segment", *args, *COMMON], input=input)
+
+
+@pytest.fixture
+def texts(tmp_path):
+    plain = tmp_path / "response.txt"
+    plain.write_text(RESPONSE)
+    code = tmp_path / "solution.py"
+    code.write_text(CODE)
+    jsonl = tmp_path / "samples.jsonl"
+    jsonl.write_text(json.dumps({"response": RESPONSE}) + "\n\n" + json.dumps({"text": CODE}) + "\n")
+    return {"plain": plain, "code": code, "jsonl": jsonl}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_json_output_partitions_each_response(texts, tokenizer, rule):
+    source = texts["code"] if rule == "code" else texts["plain"]
+    result = invoke(str(source), "--rule", rule, "--format", "json")
+    assert result.exit_code == 0, result.output
+    (line,) = result.stdout.strip().splitlines()
+    out = json.loads(line)
+    assert out["rule"] == rule and out["fallback"] is False
+    text = source.read_text()
+    assert "".join(seg["text"] for seg in out["segments"]) == text
+    assert sum(seg["tokens"] for seg in out["segments"]) == len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert all(seg["tokens"] >= 1 for seg in out["segments"])
+    if rule == "fixed":
+        assert [seg["tokens"] for seg in out["segments"]][:-1] == [5] * (len(out["segments"]) - 1)
+    if rule == "code":
+        # statement boundaries: every line's code ends a segment (newline + indent join the
+        # previous segment), and no segment spans two statements
+        assert all(seg["text"].count("\n") <= 1 for seg in out["segments"])
+        assert out["segments"][-1]["text"].rstrip().endswith("return max(tills)")
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_text_output_marks_every_segment_with_at_at(texts, rule):
+    source = texts["code"] if rule == "code" else texts["plain"]
+    as_json = json.loads(invoke(str(source), "--rule", rule, "--format", "json").stdout)
+    result = invoke(str(source), "--rule", rule)
+    assert result.exit_code == 0, result.output
+    # '@@' follows each segment's last visible character; its trailing whitespace follows '@@'
+    expected = "".join(seg["text"].rstrip() + "@@" + seg["text"][len(seg["text"].rstrip()):] for seg in as_json["segments"])
+    assert result.stdout.rstrip("\n") == expected.rstrip("\n")
+    assert result.stdout.count("@@") == len(as_json["segments"])
+
+
+def test_paper_example_code_header_is_one_segment(texts):
+    out = json.loads(invoke(str(texts["code"]), "--rule", "code", "--format", "json", "--cutoff", "12").stdout)
+    assert out["segments"][0]["text"].rstrip() == "def queue_time(customers, n):"
+    shown = invoke(str(texts["code"]), "--rule", "code", "--cutoff", "12").stdout
+    assert shown.startswith("def queue_time(customers, n):@@\n")
+
+
+def test_jsonl_stdin_and_several_rules(texts):
+    result = invoke("-", "--rule", "fixed,code", "--format", "json", input=texts["jsonl"].read_text())
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["rule"] for r in rows] == ["fixed", "code", "fixed", "code"]
+    # the prose response does not compile: the code rule falls back to fixed and says so
+    assert rows[1]["fallback"] is True and rows[1]["segments"] == rows[0]["segments"]
+    assert rows[3]["fallback"] is False
+
+
+def test_fixed_n_inf_is_one_segment(texts):
+    out = json.loads(invoke(str(texts["plain"]), "--n", "inf", "--format", "json").stdout)
+    assert len(out["segments"]) == 1 and out["segments"][0]["text"] == RESPONSE
+
+
+def test_stats_compare_rules(texts, tokenizer):
+    result = invoke(str(texts["jsonl"]), "--rule", "all", "--stats", "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = {r["rule"]: r for r in map(json.loads, result.stdout.strip().splitlines())}
+    assert set(rows) == set(RULES)
+    total = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (RESPONSE, CODE))
+    for row in rows.values():
+        assert row["responses"] == 2 and row["tokens"] == total
+        assert sum(row["histogram"].values()) == row["segments"]
+        assert row["mean"] == pytest.approx(total / row["segments"])
+    assert rows["code"]["fallbacks"] == 1  # the prose response
+    table = invoke(str(texts["jsonl"]), "--rule", "fixed,parsing", "--stats")
+    assert table.exit_code == 0 and "segments per length" in table.stdout and "parsing" in table.stdout
+
+
+def test_dry_run_prints_resolved_config(texts):
+    result = CliRunner().invoke(app, ["segment", str(texts["plain"]), "--rule", "ppl", "--n", "3", "--dry-run"])
+    assert result.exit_code == 0
+    assert "rule: ppl" in result.stdout and "n: 3.0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "content, args, message",
+    [
+        (None, [], "file not found"),
+        (b'{"response": "ok"}\n{"response": \n', [], ":2: malformed JSON"),
+        (b'{"response": "ok"}\n{"other": 1}\n', [], ":2: field 'response': missing"),
+        (b'{"response": 3}\n', [], ":1: field 'response': expected a string"),
+        (b"caf\xe9 au lait", [], ":1: invalid UTF-8"),
+        (b"hello", ["--rule", "sentences"], "unknown rule 'sentences'"),
+        (b"hello", ["--format", "xml"], "expected 'text' or 'json'"),
+        (b"hello", ["--n", "many"], "config key 'n'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, content, args, message):
+    path = tmp_path / "in.jsonl" if content and content.startswith(b"{") else tmp_path / "in.txt"
+    if content is not None:
+        path.write_bytes(content)
+    result = invoke(str(path), *args)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
