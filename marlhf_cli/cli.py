@@ -7,6 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__, options
+from .evaluate import flags as eval_flags
+from .rewards import flags as passk_flags
+from .train import flags, ppo_flags
 
 app = typer.Typer(
     name="marlhf",
@@ -102,6 +105,364 @@ def segment(
         format=output_format, stats=stats or None, seed=seed, debug=debug or None,
     )
     preview.run(config, file)
+
+
+@app.command()
+@options.user_errors
+def sft(
+    model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). \\[default: google/gemma-2b]", show_default=False)] = None,
+    dataset: flags.DatasetOption = None,
+    data_file: flags.DataFileOption = None,
+    strict: flags.StrictOption = None,
+    max_records: flags.MaxRecordsOption = None,
+    lr: flags.LrOption = None,
+    batch_size: flags.BatchSizeOption = None,
+    epochs: flags.EpochsOption = None,
+    max_steps: flags.MaxStepsOption = None,
+    max_prompt_length: flags.MaxPromptOption = None,
+    max_response_length: flags.MaxResponseOption = None,
+    packing: flags.PackingOption = None,
+    eval_every: flags.EvalEveryOption = None,
+    eval_records: flags.EvalRecordsOption = None,
+    save_every: flags.SaveEveryOption = None,
+    resume: flags.ResumeOption = None,
+    zero_stage: flags.ZeroStageOption = None,
+    dtype: flags.DtypeOption = None,
+    gradient_accumulation_steps: flags.GradAccumOption = None,
+    gradient_checkpointing: flags.GradCkptOption = None,
+    offload_optimizer: flags.OffloadOptimizerOption = None,
+    offload_params: flags.OffloadParamsOption = None,
+    lr_scheduler: flags.SchedulerOption = None,
+    warmup_ratio: flags.WarmupOption = None,
+    weight_decay: flags.WeightDecayOption = None,
+    max_grad_norm: flags.MaxGradNormOption = None,
+    nproc: flags.NprocOption = None,
+    run_dir: options.RunDirOption = None,
+    seed: options.SeedOption = None,
+    config_file: options.ConfigOption = None,
+    preset: options.PresetOption = None,
+    dry_run: options.DryRunOption = False,
+    debug: options.DebugOption = False,
+) -> None:
+    """Supervised fine-tuning on prompt + chosen response (loss on response tokens only); writes sft/.
+
+    Examples: marlhf sft --preset cpu-tiny; marlhf sft --dataset hh --data-file hh.jsonl --model smollm2-135m;
+    marlhf sft --resume (after a crash); marlhf sft --nproc 2 --zero-stage 3
+    """
+    from .train import sft as stage
+
+    config = options.resolve_config(
+        "sft", preset=preset, config_file=config_file, dry_run=dry_run,
+        model=model, dataset=dataset, data_file=data_file, strict=strict, max_records=max_records,
+        lr=lr, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
+        max_prompt_length=max_prompt_length, max_response_length=max_response_length, packing=packing,
+        eval_every=eval_every, eval_records=eval_records, save_every=save_every, resume=resume,
+        zero_stage=zero_stage, dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_checkpointing=gradient_checkpointing, offload_optimizer=offload_optimizer,
+        offload_params=offload_params, lr_scheduler=lr_scheduler, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc,
+        run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+    )
+    stage.run(config)
+
+
+@app.command()
+@options.user_errors
+def rm(
+    model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). \\[default: the run's sft/ folder]", show_default=False)] = None,
+    dataset: flags.DatasetOption = None,
+    data_file: flags.DataFileOption = None,
+    strict: flags.StrictOption = None,
+    max_records: flags.MaxRecordsOption = None,
+    lr: flags.LrOption = None,
+    batch_size: flags.BatchSizeOption = None,
+    epochs: flags.EpochsOption = None,
+    max_steps: flags.MaxStepsOption = None,
+    max_prompt_length: flags.MaxPromptOption = None,
+    max_response_length: flags.MaxResponseOption = None,
+    eval_every: flags.EvalEveryOption = None,
+    eval_records: flags.EvalRecordsOption = None,
+    save_every: flags.SaveEveryOption = None,
+    resume: flags.ResumeOption = None,
+    zero_stage: flags.ZeroStageOption = None,
+    dtype: flags.DtypeOption = None,
+    gradient_accumulation_steps: flags.GradAccumOption = None,
+    gradient_checkpointing: flags.GradCkptOption = None,
+    offload_optimizer: flags.OffloadOptimizerOption = None,
+    offload_params: flags.OffloadParamsOption = None,
+    lr_scheduler: flags.SchedulerOption = None,
+    warmup_ratio: flags.WarmupOption = None,
+    weight_decay: flags.WeightDecayOption = None,
+    max_grad_norm: flags.MaxGradNormOption = None,
+    nproc: flags.NprocOption = None,
+    trainable_layers: flags.TrainableLayersOption = None,
+    run_dir: options.RunDirOption = None,
+    seed: options.SeedOption = None,
+    config_file: options.ConfigOption = None,
+    preset: options.PresetOption = None,
+    dry_run: options.DryRunOption = False,
+    debug: options.DebugOption = False,
+) -> None:
+    """Train a pairwise reward model (-log sigmoid(r_chosen - r_rejected)) from the SFT model; writes rm/.
+
+    Reports held-out accuracy, margin and score mean/std (stored in rm/config.json).
+    Examples: marlhf rm --preset cpu-tiny; marlhf rm --dataset hh --data-file hh.jsonl --model smollm2-135m
+    """
+    from .train import rm as stage
+
+    config = options.resolve_config(
+        "rm", preset=preset, config_file=config_file, dry_run=dry_run,
+        model=model, dataset=dataset, data_file=data_file, strict=strict, max_records=max_records,
+        lr=lr, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
+        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+        eval_every=eval_every, eval_records=eval_records, save_every=save_every, resume=resume,
+        zero_stage=zero_stage, dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_checkpointing=gradient_checkpointing, offload_optimizer=offload_optimizer,
+        offload_params=offload_params, lr_scheduler=lr_scheduler, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc, trainable_layers=trainable_layers,
+        run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+    )
+    stage.run(config)
+
+
+@app.command()
+@options.user_errors
+def ppo(
+    names: ppo_flags.Names = None,
+    compare: ppo_flags.Compare = False,
+    name: ppo_flags.Name = None,
+    policy: ppo_flags.Policy = None,
+    reward_model: ppo_flags.RewardModel = None,
+    reward: ppo_flags.Reward = None,
+    dataset: flags.DatasetOption = None,
+    data_file: flags.DataFileOption = None,
+    strict: flags.StrictOption = None,
+    max_records: flags.MaxRecordsOption = None,
+    rollout_batch_size: ppo_flags.RolloutBatch = None,
+    mini_batch_size: ppo_flags.MiniBatch = None,
+    ppo_epochs: ppo_flags.PPOEpochs = None,
+    actor_lr: ppo_flags.ActorLr = None,
+    critic_lr: ppo_flags.CriticLr = None,
+    clip_range: ppo_flags.ClipRange = None,
+    value_clip_range: ppo_flags.ValueClipRange = None,
+    gamma: ppo_flags.Gamma = None,
+    lam: ppo_flags.Lam = None,
+    kl_coef: ppo_flags.KlCoef = None,
+    kl_estimator: ppo_flags.KlEstimator = None,
+    reward_clip: ppo_flags.RewardClip = None,
+    whiten_advantages: ppo_flags.Whiten = None,
+    missing_eos_penalty: ppo_flags.MissingEos = None,
+    temperature: ppo_flags.Temperature = None,
+    top_k: ppo_flags.TopK = None,
+    top_p: ppo_flags.TopP = None,
+    max_prompt_length: ppo_flags.MaxPrompt = None,
+    max_new_tokens: ppo_flags.MaxNewTokens = None,
+    termination: ppo_flags.Termination = None,
+    n: ppo_flags.N = None,
+    cutoff: ppo_flags.Cutoff = None,
+    value_function: ppo_flags.ValueFunction = None,
+    ratio: ppo_flags.Ratio = None,
+    parser_backend: ppo_flags.ParserBackend = None,
+    parse_workers: ppo_flags.ParseWorkers = None,
+    max_steps: ppo_flags.MaxSteps = None,
+    eval_every: ppo_flags.EvalEvery = None,
+    eval_prompts: ppo_flags.EvalPrompts = None,
+    save_every: ppo_flags.SaveEvery = None,
+    resume: ppo_flags.Resume = None,
+    offload_frozen: ppo_flags.OffloadFrozen = None,
+    zero_stage: flags.ZeroStageOption = None,
+    dtype: flags.DtypeOption = None,
+    gradient_accumulation_steps: flags.GradAccumOption = None,
+    gradient_checkpointing: flags.GradCkptOption = None,
+    offload_optimizer: flags.OffloadOptimizerOption = None,
+    offload_params: flags.OffloadParamsOption = None,
+    lr_scheduler: flags.SchedulerOption = None,
+    warmup_ratio: flags.WarmupOption = None,
+    weight_decay: flags.WeightDecayOption = None,
+    max_grad_norm: flags.MaxGradNormOption = None,
+    nproc: flags.NprocOption = None,
+    run_dir: options.RunDirOption = None,
+    seed: options.SeedOption = None,
+    config_file: options.ConfigOption = None,
+    preset: options.PresetOption = None,
+    dry_run: options.DryRunOption = False,
+    debug: options.DebugOption = False,
+) -> None:
+    """PPO and MA-PPO (RLHF with macro actions): policy from sft/, critic and reward from rm/; writes ppo/<name>/.
+
+    Examples: marlhf ppo --termination ppl (MA-PPO); marlhf ppo --termination fixed --n 1 (vanilla PPO);
+    marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl
+    """
+    from .train import ppo as stage
+
+    config = options.resolve_config(
+        "ppo", preset=preset, config_file=config_file, dry_run=dry_run and not compare,
+        name=name, policy=policy, reward_model=reward_model, reward=reward, dataset=dataset, data_file=data_file,
+        strict=strict, max_records=max_records, rollout_batch_size=rollout_batch_size,
+        mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs, actor_lr=actor_lr, critic_lr=critic_lr,
+        clip_range=clip_range, value_clip_range=value_clip_range, gamma=gamma, lam=lam, kl_coef=kl_coef,
+        kl_estimator=kl_estimator, reward_clip=reward_clip, whiten_advantages=whiten_advantages,
+        missing_eos_penalty=missing_eos_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
+        max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, termination=termination,
+        n=n, cutoff=cutoff, value_function=value_function, ratio=ratio, parser_backend=parser_backend,
+        parse_workers=parse_workers, max_steps=max_steps, eval_every=eval_every, eval_prompts=eval_prompts,
+        save_every=save_every, resume=resume, offload_frozen=offload_frozen, zero_stage=zero_stage,
+        dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_checkpointing=gradient_checkpointing, offload_optimizer=offload_optimizer,
+        offload_params=offload_params, lr_scheduler=lr_scheduler, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc,
+        run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+    )
+    if compare or names:
+        from .train import ppo_report
+
+        ppo_report.compare_command(config.run_dir, names or [], compare)
+        return
+    stage.run(config)
+
+
+@app.command()
+@options.user_errors
+def bon(
+    policy: eval_flags.BonPolicy = None,
+    reward_model: eval_flags.BonRewardModel = None,
+    n: eval_flags.BonN = None,
+    temperature: eval_flags.BonTemperature = None,
+    name: eval_flags.BonName = None,
+    dataset: flags.DatasetOption = None,
+    data_file: flags.DataFileOption = None,
+    strict: flags.StrictOption = None,
+    max_records: eval_flags.BonMaxRecords = None,
+    top_k: eval_flags.BonTopK = None,
+    top_p: eval_flags.BonTopP = None,
+    max_prompt_length: eval_flags.BonMaxPrompt = None,
+    max_new_tokens: eval_flags.BonMaxNew = None,
+    batch_size: eval_flags.BonBatch = None,
+    normalize: eval_flags.BonNormalize = None,
+    run_dir: options.RunDirOption = None,
+    seed: options.SeedOption = None,
+    config_file: options.ConfigOption = None,
+    preset: options.PresetOption = None,
+    dry_run: options.DryRunOption = False,
+    debug: options.DebugOption = False,
+) -> None:
+    """Best-of-N: mean reward-model score of the best of N samples per prompt, per temperature (the paper's Figure 8).
+
+    Samples the largest N once per temperature and estimates smaller N from the same samples;
+    writes bon/<name>.json, bon/<name>-best.jsonl, plots/bon-<name>.png; a rerun skips finished temperatures.
+    Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16 --temperature 0.2,0.6,1.0; marlhf bon --policy sft
+    """
+    from .evaluate import bon as stage
+
+    config = options.resolve_config(
+        "bon", preset=preset, config_file=config_file, dry_run=dry_run,
+        name=name, policy=policy, reward_model=reward_model, n=n, temperature=temperature, dataset=dataset,
+        data_file=data_file, strict=strict, max_records=max_records, top_k=top_k, top_p=top_p,
+        max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        normalize=normalize, run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+    )
+    stage.run(config)
+
+
+@app.command()
+@options.user_errors
+def judge(
+    file_a: Annotated[str, typer.Argument(help="Samples of the first policy (JSONL rows with prompt and response); verdicts are stated for it.", show_default=False)],
+    file_b: Annotated[str, typer.Argument(help="Samples of the second policy, matched to the first by prompt.", show_default=False)],
+    gpt4: eval_flags.Gpt4 = None,
+    judge_model: eval_flags.JudgeModel = None,
+    base_url: eval_flags.BaseUrl = None,
+    api_key_env: eval_flags.ApiKeyEnv = None,
+    task: eval_flags.Task = None,
+    template: eval_flags.Template = None,
+    both_orders: eval_flags.BothOrders = None,
+    sample: eval_flags.Sample = None,
+    concurrency: eval_flags.Concurrency = None,
+    timeout: eval_flags.Timeout = None,
+    max_retries: eval_flags.MaxRetries = None,
+    retry_wait: eval_flags.RetryWait = None,
+    max_tokens: eval_flags.MaxTokens = None,
+    rm_judge: eval_flags.RmJudge = None,
+    reward_model: eval_flags.JudgeRewardModel = None,
+    max_prompt_length: eval_flags.JudgeMaxPrompt = None,
+    max_response_length: eval_flags.JudgeMaxResponse = None,
+    batch_size: eval_flags.JudgeBatch = None,
+    name: eval_flags.JudgeName = None,
+    run_dir: options.RunDirOption = None,
+    seed: options.SeedOption = None,
+    config_file: options.ConfigOption = None,
+    preset: options.PresetOption = None,
+    dry_run: options.DryRunOption = False,
+    debug: options.DebugOption = False,
+) -> None:
+    """Pairwise judging of two sample files: win/tie/loss of the first with 95% CIs (the paper's Figure 4, Table 1).
+
+    The API key comes from $OPENAI_API_KEY (or --api-key-env). Writes judge/<name>.json and plots/judge.png;
+    every reply is cached in judge/cache/, so a rerun never pays twice. Exit code 1 when judgements still failed.
+    Examples: marlhf judge --gpt4 --sample 50 samples/fixed5.jsonl samples/vanilla.jsonl;
+    marlhf judge --model my-model --base-url http://localhost:8000/v1 --both-orders A.jsonl B.jsonl; marlhf judge --rm A.jsonl B.jsonl
+    """
+    from .evaluate import judge as stage
+
+    config = options.resolve_config(
+        "judge", preset=preset, config_file=config_file, dry_run=dry_run,
+        name=name, gpt4=gpt4, judge_model=judge_model, base_url=base_url, api_key_env=api_key_env, task=task,
+        template=template, both_orders=both_orders, sample=sample, concurrency=concurrency, timeout=timeout,
+        max_retries=max_retries, retry_wait=retry_wait, max_tokens=max_tokens, rm_judge=rm_judge,
+        reward_model=reward_model, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+        batch_size=batch_size, run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+    )
+    outcome = stage.run(config, file_a, file_b)
+    if outcome["failed"]:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+@options.user_errors
+def passk(
+    model: passk_flags.Model = None,
+    name: passk_flags.Name = None,
+    dataset: passk_flags.Dataset = None,
+    data_file: passk_flags.DataFile = None,
+    strict: flags.StrictOption = None,
+    split: passk_flags.Split = None,
+    limit: passk_flags.Limit = None,
+    n: passk_flags.N = None,
+    k: passk_flags.K = None,
+    temperature: passk_flags.Temperature = None,
+    top_k: passk_flags.TopK = None,
+    top_p: passk_flags.TopP = None,
+    max_prompt_length: passk_flags.MaxPrompt = None,
+    max_new_tokens: passk_flags.MaxNew = None,
+    batch_size: passk_flags.BatchSize = None,
+    time_limit: passk_flags.TimeLimit = None,
+    memory_mb: passk_flags.MemoryMb = None,
+    workers: passk_flags.Workers = None,
+    max_tests: passk_flags.MaxTests = None,
+    dtype: passk_flags.Dtype = None,
+    run_dir: options.RunDirOption = None,
+    seed: options.SeedOption = None,
+    config_file: options.ConfigOption = None,
+    preset: options.PresetOption = None,
+    dry_run: options.DryRunOption = False,
+    debug: options.DebugOption = False,
+) -> None:
+    """pass@k per difficulty (the paper's Table 3): sample n programs per problem, run them against the tests in a sandbox.
+
+    Writes passk/<name>.json and passk/<name>-samples.jsonl. Examples: marlhf passk --model ppo/fixed10 --n 5 --k 1,5;
+    marlhf passk --model tiny --data-file ../shared/data/apps/apps-sample.jsonl --n 2 --k 1,2 --max-new-tokens 64
+    """
+    from .rewards import passk as stage
+
+    config = options.resolve_config(
+        "passk", preset=preset, config_file=config_file, dry_run=dry_run,
+        model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, split=split, limit=limit,
+        n=n, k=k, temperature=temperature, top_k=top_k, top_p=top_p, max_prompt_length=max_prompt_length,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, time_limit=time_limit, memory_mb=memory_mb,
+        workers=workers, max_tests=max_tests, dtype=dtype, run_dir=str(run_dir) if run_dir else None, seed=seed,
+        debug=debug or None,
+    )
+    stage.run(config)
 
 
 def main() -> None:

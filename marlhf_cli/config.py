@@ -97,6 +97,7 @@ class RMConfig(CommonConfig, DataConfig, EngineConfig):
     eval_records: int | None = 500  # ours: held-out pairs per evaluation (None = all)
     save_every: int = 200
     resume: bool = False
+    trainable_layers: int | None = None  # ours: train only the top N blocks + head (CPU runs); None = all
 
 
 @dataclass
@@ -104,6 +105,7 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
+    reward: str | None = None  # model (the RM's score) | apps (the program's tests); None: apps for --dataset apps, else model
     # Algorithm 1 / Table 5
     rollout_batch_size: int = 256
     mini_batch_size: int = 32
@@ -155,11 +157,83 @@ class SegmentConfig(CommonConfig):
     stats: bool = False
 
 
+@dataclass
+class BonConfig(CommonConfig, DataConfig):
+    """``marlhf bon``: best-of-N reward-model scores over a temperature sweep (Figure 8)."""
+
+    name: str | None = None  # bon/<name>.json; default derived from --policy
+    policy: str | None = None  # run-dir name (sft, ppo/<name>), model id, folder or alias; default sft/
+    reward_model: str | None = None  # default: the run's rm/
+    n: str = "4,8,16,32"  # comma-separated N; the largest is sampled, smaller N are estimated
+    temperature: str = "0.2,0.4,0.6,0.8,1.0,1.2"
+    top_k: int = 0  # ours: plain temperature sampling, so the sweep is about temperature alone
+    top_p: float = 1.0
+    max_prompt_length: int = 512
+    max_new_tokens: int = 512
+    batch_size: int = 16  # sequences per generation and scoring forward
+    normalize: bool = False  # report (score - mean) / std with the statistics rm/ stored
+    max_records: int | None = 64  # ours: distinct evaluation prompts
+
+
+@dataclass
+class JudgeConfig(CommonConfig):
+    """``marlhf judge``: pairwise LLM-as-judge (or reward-model) win rates (Figure 4, Table 1)."""
+
+    name: str | None = None  # judge/<name>.json; default <a>-vs-<b>
+    gpt4: bool = False  # the paper's judge, gpt-4o-2024-05-13
+    judge_model: str | None = None  # --model: any chat model of an OpenAI-compatible server
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"  # the key itself is never part of a config
+    task: str = "auto"  # auto | tldr | hh | webgpt
+    template: str | None = None  # a user's own prompt file (placeholders in templates/judge/README.md)
+    both_orders: bool = False
+    sample: int | None = None  # judge K pairs (the paper: 50); None = all
+    concurrency: int = 4
+    timeout: float = 60.0  # seconds per request
+    max_retries: int = 6
+    retry_wait: float = 1.0  # first backoff in seconds, doubled per retry, at most 60
+    max_tokens: int = 512
+    rm_judge: bool = False  # --rm: the reward model judges too (higher score wins)
+    reward_model: str | None = None  # default: the run's rm/
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    batch_size: int = 8
+
+
+@dataclass
+class PassKConfig(CommonConfig):
+    """``marlhf passk``: pass@k of a model's programs on APPS-style problems (Table 3)."""
+
+    model: str | None = None  # run-dir stage (sft, ppo/<name>), hub id, folder or alias; default sft/
+    name: str | None = None  # passk/<name>.json; default derived from --model
+    dataset: str = "apps"
+    data_file: str | None = None
+    strict: bool = False
+    split: str | None = None  # eval | all; default: the hub's test split, or all of a --data-file
+    limit: int | None = None  # first N problems of the split
+    n: int = 5  # samples per problem
+    k: str = "1,5"
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 1.0
+    max_prompt_length: int = 512
+    max_new_tokens: int = 512
+    batch_size: int = 8  # sequences per generation batch
+    time_limit: float = 4.0  # ours (APPS's judge: 4 s): wall-clock seconds per test
+    memory_mb: int = 1024  # ours: address-space limit per test
+    workers: int | None = None  # parallel test processes; default: CPU count
+    max_tests: int | None = None  # tests per problem; None = all
+    dtype: str = "fp32"
+
+
 STAGES: dict[str, type] = {
     "sft": SFTConfig,
     "rm": RMConfig,
     "ppo": PPOConfig,
     "segment": SegmentConfig,
+    "bon": BonConfig,
+    "judge": JudgeConfig,
+    "passk": PassKConfig,
 }
 
 
@@ -285,6 +359,9 @@ __all__ = [
     "RMConfig",
     "PPOConfig",
     "SegmentConfig",
+    "BonConfig",
+    "JudgeConfig",
+    "PassKConfig",
     "STAGES",
     "resolve",
     "read_config_file",

@@ -1,0 +1,213 @@
+"""Resume checkpoints and Hugging Face exports of a DeepSpeed engine.
+
+A resume checkpoint is everything a run needs to continue as if it had never stopped:
+DeepSpeed's model, optimizer and scheduler state (each ZeRO rank writes its own shard), the
+random states of every rank, and the trainer's position in the data (``state``, a small
+JSON dict written by rank 0). Layout::
+
+    <stage>/checkpoints/step-000012/   DeepSpeed files, rng-rank0.pt ..., trainer_state.json
+    <stage>/checkpoints/latest         the newest complete checkpoint's name
+
+All ranks write into ``.tmp-step-000012/`` first; rank 0 renames it into place and then
+updates ``latest``, so a run killed at any moment leaves the previous checkpoint intact and
+never a half-written one that ``--resume`` would pick up. ``trainer_state.json`` is written
+last inside the folder, so its presence marks a complete checkpoint even without ``latest``.
+
+:func:`export_pretrained` writes a ``save_pretrained`` folder (gathering ZeRO-3 shards on
+rank 0) that ``AutoModelFor...from_pretrained`` loads with no DeepSpeed at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from . import artifacts, engine as eng
+
+PREFIX = "step-"
+STATE_FILE = "trainer_state.json"
+LATEST_FILE = "latest"
+
+
+def tag_for(step: int) -> str:
+    return f"{PREFIX}{step:06d}"
+
+
+# ---------------------------------------------------------------------------------------
+# random states
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------
+# resume checkpoints
+
+
+def save_checkpoint(engine, root: str | Path, step: int, state: dict[str, Any], keep: int = 1) -> Path:
+    """Write a complete checkpoint of ``engine`` at ``step``; every rank must call this.
+
+    ``state`` (JSON-serialisable, rank 0's copy is kept) records where the trainer is.
+    The newest ``keep`` checkpoints survive; older ones are deleted once the new one is in
+    place.
+    """
+    import torch
+
+    root = Path(root)
+    tag = tag_for(step)
+    staging = root / f".tmp-{tag}"
+    if eng.is_main():
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    eng.barrier()
+    engine.save_checkpoint(str(staging), tag=tag, client_state={"marlhf_step": step}, save_latest=False)
+    torch.save(rng_state(), staging / tag / f"rng-rank{eng.rank()}.pt")
+    eng.barrier()
+    final = root / tag
+    if eng.is_main():
+        artifacts.write_json(staging / tag / STATE_FILE, {**state, "step": step})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging / tag, final)
+        artifacts.write_text(root / LATEST_FILE, tag + "\n")
+        shutil.rmtree(staging, ignore_errors=True)
+        _prune(root, keep)
+    eng.barrier()
+    return final
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / STATE_FILE).is_file()
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and _complete(p)]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint (``latest`` if it points at one, else the highest step)."""
+    root = Path(root)
+    pointer = root / LATEST_FILE
+    if pointer.is_file():
+        candidate = root / pointer.read_text(encoding="utf-8").strip()
+        if candidate.name and _complete(candidate):
+            newer = [p for p in list_checkpoints(root) if p.name > candidate.name]
+            return newer[-1] if newer else candidate
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read_state(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / STATE_FILE).read_text(encoding="utf-8"))
+
+
+def load_checkpoint(engine, folder: str | Path) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and this rank's random state; returns the trainer state."""
+    import torch
+
+    folder = Path(folder)
+    engine.load_checkpoint(
+        str(folder.parent), tag=folder.name, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    rng_file = folder / f"rng-rank{eng.rank()}.pt"
+    if rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return read_state(folder)
+
+
+def clear_checkpoints(root: str | Path) -> None:
+    """Remove every checkpoint under ``root`` (a fresh run must not resume an older one)."""
+    root = Path(root)
+    if eng.is_main() and root.is_dir():
+        shutil.rmtree(root)
+    eng.barrier()
+
+
+def _prune(root: Path, keep: int) -> None:
+    for old in list_checkpoints(root)[: -max(1, keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Hugging Face export
+
+
+def export_pretrained(
+    engine,
+    out_dir: str | Path,
+    *,
+    tokenizer=None,
+    unwrap: Callable[[Any], Any] | None = None,
+    config_updates: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``save_pretrained`` files into ``out_dir``; every rank must call this.
+
+    Under ZeRO-3 the parameters are gathered (a collective) and rank 0 saves them while
+    they are whole; tied weights stay tied, so they are written once. ``unwrap`` maps the
+    engine's module to the Hugging Face model to save (stages that train a wrapper around
+    one). ``config_updates`` are extra ``config.json`` keys. Files appear in ``out_dir``
+    with ``config.json`` last, which is what marks a stage output as finished
+    (:meth:`RunDir.require`); other entries of ``out_dir`` (``checkpoints/``) are kept.
+    """
+    out_dir = Path(out_dir)
+    model = unwrap(engine.module) if unwrap else engine.module
+    staging = None
+    if eng.is_main():
+        for key, value in (config_updates or {}).items():
+            setattr(model.config, key, value)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        with eng.gathered_params(engine):
+            if eng.is_main():
+                model.save_pretrained(staging)
+        if eng.is_main():
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging)
+            _move_into(staging, out_dir)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    eng.barrier()
+    return out_dir
+
+
+def _move_into(staging: Path, out_dir: Path) -> None:
+    """Replace the model files of ``out_dir`` by those of ``staging``, config.json last."""
+    (out_dir / "config.json").unlink(missing_ok=True)
+    new = {p.name for p in staging.iterdir()}
+    for old in out_dir.iterdir():
+        if old.is_file() and old.name not in new:
+            old.unlink()
+    for item in sorted(staging.iterdir(), key=lambda p: p.name == "config.json"):
+        os.replace(item, out_dir / item.name)

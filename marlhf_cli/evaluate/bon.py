@@ -1,0 +1,300 @@
+"""``marlhf bon``: best-of-N reward-model scores over a temperature sweep (the paper's Figure 8).
+
+For every distinct prompt of the evaluation split and every temperature, the policy samples
+M = max(--n) responses, the reward model scores them, and the expected score of the best of
+N (for each N in --n) follows from those M scores with the unbiased estimator of
+:mod:`.estimator`: one generation per temperature, whatever the number of N.
+
+Sampling and scoring reuse the PPO stage's pieces, so scores are comparable with ``marlhf
+ppo``'s evaluation: prompts are encoded as in training (:func:`..train.experience.generate`,
+left-padded, mask-derived positions, plain ``logits / T`` sampling, top-k/top-p only when
+asked), and the reward model reads its score at the last real response token
+(:class:`..train.rewards.RewardModelReward`). When the reward model's tokenizer differs from
+the policy's, responses are re-tokenized as text for it (:func:`.rm_judge.score_texts`).
+
+Resumable: each finished temperature is written to ``bon/<name>/t<T>.json`` (every sample
+and score, with a fingerprint of the settings); a rerun with the same settings skips those
+temperatures (and loads no model when none is left), a changed setting samples again.
+Randomness per temperature comes from (seed, T), so a resumed sweep equals an unbroken one.
+
+Outputs: ``bon/<name>.json`` (every figure), ``bon/<name>-best.jsonl`` (the chosen response
+of each prompt and temperature, with its score), ``plots/bon-<name>.png``, a table, and a
+``bon/<name>`` entry in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import artifacts
+from .. import config as config_module
+from ..artifacts import RunDir
+from ..errors import UserError
+from . import estimator, plots, tables
+
+STAGE = "bon"
+
+
+# ---------------------------------------------------------------------------------------
+# options
+
+
+def parse_list(text: str, kind: type, flag: str) -> list:
+    """'4,8,16' (or '[4, 8]' from YAML) -> sorted unique values; one-line error otherwise."""
+    parts = [p.strip() for p in str(text).strip().strip("[]").split(",") if p.strip()]
+    try:
+        values = sorted({kind(float(p)) if kind is int and float(p).is_integer() else kind(p) for p in parts})
+    except ValueError:
+        raise UserError(f"{flag} expects comma-separated {kind.__name__}s, got '{text}'") from None
+    if not values:
+        raise UserError(f"{flag} is empty")
+    return values
+
+
+def check(config) -> tuple[list[int], list[float]]:
+    ns = parse_list(config.n, int, "--n")
+    temps = parse_list(config.temperature, float, "--temperature")
+    if ns[0] < 1:
+        raise UserError(f"--n values must be 1 or more, got {ns[0]}")
+    if temps[0] <= 0:
+        raise UserError(f"--temperature values must be > 0, got {temps[0]:g}")
+    for key in ("max_prompt_length", "max_new_tokens", "batch_size"):
+        if getattr(config, key) < 1:
+            raise UserError(f"--{key.replace('_', '-')} must be 1 or more, got {getattr(config, key)}")
+    if config.max_records is not None and config.max_records < 1:
+        raise UserError(f"--max-records must be 1 or more, got {config.max_records}")
+    if not 0 < config.top_p <= 1 or config.top_k < 0:
+        raise UserError("--top-p must be in (0, 1] and --top-k 0 or more")
+    return ns, temps
+
+
+def resolve_policy(value: str | None, run: RunDir) -> tuple[str, str]:
+    """(model path or id, result name) for --policy: sft, ppo, ppo/<name>, a folder, an id."""
+    value = value or "sft"
+    if value == "sft":
+        return str(run.require("sft")), "sft"
+    if value == "ppo":
+        names = sorted(p.name for p in run.path("ppo").glob("*") if (p / "config.json").is_file())
+        if len(names) != 1:
+            found = ", ".join(f"ppo/{n}" for n in names) or "none"
+            raise UserError(f"--policy ppo is ambiguous: name one of the PPO runs in {run.root} (found: {found})")
+        value = f"ppo/{names[0]}"
+    if value.startswith("ppo/") and not Path(value).exists():
+        name = value.split("/", 1)[1]
+        return str(run.require("ppo", name)), f"ppo-{name}"
+    if (run.path(value) / "config.json").is_file():
+        return str(run.path(value)), _safe(value)
+    return value, _safe(Path(value).name or value)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"
+
+
+def load_prompts(config, console) -> tuple[list[str], str]:
+    """Distinct prompts of the eval split, the first --max-records of them; and the source."""
+    from ..data import load_records
+
+    result = load_records(config.dataset, data_file=config.data_file, split="eval", strict=config.strict)
+    if result.notice:
+        console.print(result.notice, highlight=False, soft_wrap=True)
+    if result.report.total_skipped:
+        console.print(f"{result.source}: {result.report.summary()}", highlight=False, soft_wrap=True)
+    prompts = list(dict.fromkeys(r["prompt"] for r in result.records))[: config.max_records or None]
+    if not prompts:
+        raise UserError(f"{result.source}: the eval split has no prompts")
+    return prompts, result.source
+
+
+def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], samples: int, temperature: float) -> dict:
+    """What a cached temperature must share with this run to be reused."""
+    digest = hashlib.sha256("\x00".join(prompts).encode("utf-8")).hexdigest()[:16]
+    keys = ("seed", "top_k", "top_p", "max_prompt_length", "max_new_tokens", "normalize")
+    return {"policy": policy, "reward_model": reward_model, "prompts": digest, "samples": samples,
+            "temperature": temperature, **{k: getattr(config, k) for k in keys}}  # fmt: skip
+
+
+def derived_seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest(), "little") >> 1
+
+
+# ---------------------------------------------------------------------------------------
+# sampling and scoring
+
+
+@dataclass
+class Models:
+    policy: Any
+    tokenizer: Any
+    reward: Any  # callable(ScoringBatch) -> [B] scores
+    device: Any
+
+
+class TextReward:
+    """Scores for a reward model with its own tokenizer: the texts are re-tokenized for it."""
+
+    def __init__(self, model, tokenizer, *, normalize: bool, max_prompt: int, max_response: int, batch_size: int):
+        from ..train.scoring import reward_stats
+
+        self.model, self.tokenizer = model, tokenizer
+        self.mean, self.std = reward_stats(model.config) if normalize else (0.0, 1.0)
+        self.std = self.std if self.std > 1e-6 else 1.0
+        self.kwargs = dict(max_prompt=max_prompt, max_response=max_response, batch_size=batch_size)
+
+    def __call__(self, batch):
+        import torch
+
+        from .rm_judge import score_texts
+
+        scores = score_texts(self.model, self.tokenizer, batch.prompts, batch.responses, **self.kwargs)
+        return (torch.tensor(scores) - self.mean) / self.std
+
+
+def load_models(config, policy: str, reward_model: str) -> Models:
+    import torch
+
+    from ..models import load_causal_lm, load_reward_model, load_tokenizer
+    from ..train.forward import disable_dropout
+    from ..train.rewards import RewardModelReward
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(policy, padding_side="left")
+    model = load_causal_lm(policy)
+    rm = load_reward_model(reward_model)
+    for net in (model, rm):
+        disable_dropout(net)
+        net.eval().requires_grad_(False).to(device)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    rm_tokenizer = load_tokenizer(reward_model)
+    if rm_tokenizer.get_vocab() == tokenizer.get_vocab():
+        reward = RewardModelReward(rm, normalize=config.normalize, batch_size=config.batch_size)
+    else:
+        reward = TextReward(rm, rm_tokenizer, normalize=config.normalize, max_prompt=config.max_prompt_length,
+                            max_response=config.max_new_tokens + 1, batch_size=config.batch_size)  # fmt: skip
+    return Models(model, tokenizer, reward, device)
+
+
+def sample_temperature(models: Models, prompts: Sequence[str], temperature: float, samples: int, config, advance) -> list[dict]:
+    """``samples`` scored responses per prompt at one temperature: [{"prompt", "samples": [...]}]."""
+    import torch
+
+    from ..train.experience import RolloutSettings, generate, scoring_batch
+
+    settings = RolloutSettings(
+        temperature=temperature, top_k=config.top_k, top_p=config.top_p,
+        max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
+    )  # fmt: skip
+    rows = [p for p in prompts for _ in range(samples)]
+    out: list[dict] = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(derived_seed(config.seed, STAGE, f"{temperature:g}"))
+        for start in range(0, len(rows), config.batch_size):
+            part = rows[start : start + config.batch_size]
+            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(models.policy, models.tokenizer, part, settings, device=models.device)
+            batch = scoring_batch(models.tokenizer, part, [{} for _ in part], prompt_ids, prompt_mask, response_ids, mask, has_eos)
+            scores = models.reward(batch).float().cpu().tolist()
+            lengths = mask.sum(dim=1).cpu().tolist()
+            for i, prompt in enumerate(part):
+                out.append({"prompt": prompt, "response": batch.responses[i], "score": scores[i], "tokens": int(lengths[i]), "eos": bool(has_eos[i])})
+            advance(len(part), sum(s["score"] for s in out) / len(out))
+    grouped = [{"prompt": p, "samples": out[i * samples : (i + 1) * samples]} for i, p in enumerate(prompts)]
+    return grouped
+
+
+# ---------------------------------------------------------------------------------------
+# the stage
+
+
+def _cache_path(run: RunDir, name: str, temperature: float) -> Path:
+    return run.path("bon", name, f"t{temperature:g}.json")
+
+
+def _cached(path: Path, expected: dict) -> list[dict] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+    return data["rows"] if data.get("fingerprint") == expected else None
+
+
+def summarize_temperature(rows: list[dict], ns: Sequence[int]) -> dict[str, Any]:
+    scores = [[s["score"] for s in r["samples"]] for r in rows]
+    flat = [s for r in rows for s in r["samples"]]
+    return {
+        "mean_score": sum(s["score"] for s in flat) / len(flat),
+        "best_of": estimator.best_of_curve(scores, ns),
+        "max_of_all": sum(max(s) for s in scores) / len(scores),
+        "mean_tokens": sum(s["tokens"] for s in flat) / len(flat),
+        "eos_rate": sum(s["eos"] for s in flat) / len(flat),
+    }
+
+
+def run(config) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    ns, temps = check(config)
+    samples = max(ns)
+    run_dir = RunDir(config.run_dir)
+    err = Console(stderr=True)
+    policy, default = resolve_policy(config.policy, run_dir)
+    name = _safe(config.name) if config.name else default
+    reward_model = config.reward_model or str(run_dir.require("rm"))
+    prompts, source = load_prompts(config, err)
+    expected = {t: fingerprint(config, policy, reward_model, prompts, samples, t) for t in temps}
+    results = {t: _cached(_cache_path(run_dir, name, t), expected[t]) for t in temps}
+    todo = [t for t in temps if results[t] is None]
+    err.print(
+        f"bon {name}: policy {policy}, reward model {reward_model}, {len(prompts)} prompts from {source}, "
+        f"{samples} samples per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
+        + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else ""),
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    if todo:
+        models = load_models(config, policy, reward_model)
+        progress = Progress(
+            TextColumn("[bold]bon[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("<"),
+            TimeRemainingColumn(), TextColumn("{task.fields[live]}"), console=err,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("bon", total=len(todo) * len(prompts) * samples, live="")
+            for t in todo:
+                advance = lambda n, mean, t=t: progress.update(task, advance=n, live=f"T={t:g} mean score {mean:.4f}")  # noqa: E731
+                results[t] = sample_temperature(models, prompts, t, samples, config, advance)
+                artifacts.write_json(_cache_path(run_dir, name, t), {"fingerprint": expected[t], "temperature": t, "rows": results[t]})
+    summary = {t: summarize_temperature(results[t], ns) for t in temps}
+    curves = {t: summary[t]["best_of"] for t in temps}
+    label = "normalised reward-model score" if config.normalize else "reward-model score"
+    plot = plots.best_of_n(curves, run_dir.plot_path(f"bon-{name}"), f"best of N: {name}", ylabel=label)
+    best_rows = []
+    for t in temps:
+        for row in results[t]:
+            top = max(row["samples"], key=lambda s: s["score"])
+            best_rows.append({"prompt": row["prompt"], "response": top["response"], "score": top["score"], "temperature": t, "samples": samples})
+    best_path = artifacts.write_jsonl(run_dir.path("bon", f"{name}-best.jsonl"), best_rows)
+    best = {str(n): max(temps, key=lambda t: curves[t][n]["mean"]) for n in ns}
+    report = {
+        "name": name, "policy": policy, "reward_model": reward_model, "source": source, "prompts": len(prompts),
+        "samples_per_prompt": samples, "n": ns, "temperatures": temps, "normalized": config.normalize,
+        "estimator": "unbiased expected maximum of N of M samples without replacement (marlhf_cli.evaluate.estimator)",
+        "results": {f"{t:g}": {**summary[t], "best_of": {str(n): v for n, v in summary[t]["best_of"].items()}} for t in temps},
+        "best_temperature": best, "plot": str(plot), "chosen": str(best_path), "config": config_module.to_dict(config),
+    }  # fmt: skip
+    out = artifacts.write_json(run_dir.path("bon", f"{name}.json"), report)
+    tables.bon_table(name, curves, {t: summary[t]["mean_score"] for t in temps}, samples, len(prompts))
+    for path in (out, best_path, plot):
+        err.print(f"wrote {path}", highlight=False)
+    top_n = str(max(ns))
+    metrics = {f"best_of_{n}": max(curves[t][n]["mean"] for t in temps) for n in ns} | {"best_temperature": float(best[top_n])}
+    run_dir.record_stage(
+        f"bon/{name}", config=config_module.to_dict(config),
+        inputs={"policy": policy, "reward_model": reward_model, "source": source, "prompts": len(prompts)}, metrics=metrics,
+    )  # fmt: skip
+    return report

@@ -1,0 +1,75 @@
+"""Terminal tables of the evaluations (rich, on stdout so they can be piped and saved)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .stats import fmt_rate
+
+console = Console()
+
+
+def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_scores: dict[float, float], samples: int, prompts: int) -> None:
+    ns = sorted({n for c in curves.values() for n in c})
+    table = Table(title=f"best of N: {name} ({prompts} prompts, {samples} samples each)", title_justify="left")
+    table.add_column("temperature", justify="right")
+    table.add_column("mean (N=1)", justify="right")
+    for n in ns:
+        table.add_column(f"N={n}", justify="right")
+    best = {n: max(curves, key=lambda t: curves[t][n]["mean"]) for n in ns}
+    for temp in sorted(curves):
+        cells = []
+        for n in ns:
+            text = f"{curves[temp][n]['mean']:.4f} ± {curves[temp][n]['sem']:.4f}"
+            cells.append(f"[bold]{text}[/]" if best[n] == temp else text)
+        table.add_row(f"{temp:g}", f"{mean_scores[temp]:.4f}", *cells)
+    console.print(table)
+
+
+def judge_table(name: str, summaries: dict[str, dict[str, Any]]) -> None:
+    table = Table(title=f"judge: {name} (verdicts for the first file)", title_justify="left")
+    for column in ("judge", "pairs", "win", "tie", "loss", "win rate [95% CI]", "ties as half", "length-controlled (ties half)", "sign test p", "unparsed", "failed"):
+        table.add_column(column, justify="left" if column == "judge" else "right")
+    for judge, s in summaries.items():
+        lc = s.get("length_controlled") or {}
+        p = s.get("sign_test_p")
+        table.add_row(
+            judge, str(s["pairs"]), str(s["win"]), str(s["tie"]), str(s["loss"]),
+            fmt_rate(s["win_rate"], s["win_rate_ci"]), fmt_rate(s["win_rate_ties_half"]),
+            fmt_rate(lc.get("win_rate")), "-" if p is None else f"{p:.3g}", str(s["unparsed"]), str(s["failed"]),
+        )  # fmt: skip
+    console.print(table)
+    for judge, s in summaries.items():
+        lines = []
+        if s.get("mean_words_a") is not None:
+            lines.append(f"mean length (words): first {s['mean_words_a']:.1f}, second {s['mean_words_b']:.1f}")
+        bias = s.get("position_bias")
+        if bias:
+            lines.append(
+                f"position bias: verdict changed with the order in {bias['inconsistent']}/{bias['pairs']} pairs "
+                f"({fmt_rate(bias['inconsistent_rate'], bias['inconsistent_rate_ci'])}); same slot chosen twice "
+                f"{bias['same_slot']}; first slot chosen {fmt_rate(bias['first_slot_choice_rate'])} of the time"
+            )
+        for criterion, c in (s.get("criteria") or {}).items():
+            lines.append(f"{criterion}: win {fmt_rate(c['win_rate'], c['win_rate_ci'])}, tie {fmt_rate(c['tie_rate'])} ({c['decided']} pairs)")
+        for line in lines:
+            console.print(f"  {judge}: {line}", highlight=False)
+
+
+def agreement_table(first: str, second: str, agreement: dict[str, Any]) -> None:
+    table = Table(title=f"agreement ({agreement['pairs']} pairs): rows {first}, columns {second}", title_justify="left")
+    table.add_column(f"{first} \\ {second}")
+    verdicts = ("win", "tie", "loss")
+    for v in verdicts:
+        table.add_column(v, justify="right")
+    for v in verdicts:
+        table.add_row(v, *(str(agreement["table"][v][w]) for w in verdicts))
+    console.print(table)
+    console.print(
+        f"  agreement {fmt_rate(agreement['rate'], agreement['rate_ci'])}; without ties "
+        f"{fmt_rate(agreement['rate_without_ties'])} of {agreement['pairs_without_ties']} pairs",
+        highlight=False,
+    )

@@ -1,0 +1,112 @@
+"""Credit assignment: cut each response into macro actions, then run GAE over them.
+
+This is the only place where MA-PPO differs from PPO (ma-ppo.md §3-§4): the termination
+rule turns each response into segments, :func:`marlhf_cli.macro.macro_advantages` computes
+segment values, rewards, GAE and returns, and broadcasts them back to every token. With
+``fixed`` and n = 1 every token is its own segment and this is token-level PPO exactly.
+
+What each rule reads, all already computed by the rollout (no extra forward pass):
+``ppl`` the reference log-probs, ``parsing``/``code`` the response text with the character
+span of every *generated* id (:func:`marlhf_cli.macro.alignment.token_offsets`, never a
+re-tokenization), ``randomized`` a per-sample seed derived from the sample's global index,
+so a resumed run cuts the same sample the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..macro import TerminationRule, macro_advantages, masked_mean, segment_batch
+
+
+def make_rule(config) -> TerminationRule:
+    """The TerminationRule of a PPOConfig (cutoff only where the rule reads it)."""
+    return TerminationRule(
+        config.termination,
+        n=config.n,
+        cutoff=config.cutoff if config.termination in ("parsing", "code") else None,
+        seed=config.seed,
+        backend=config.parser_backend,
+    )
+
+
+def is_vanilla(rule: TerminationRule) -> bool:
+    """One token per segment: MA-PPO reduces to token-level PPO."""
+    return rule.name == "fixed" and not math.isinf(rule.n) and int(rule.n) == 1
+
+
+def describe(rule: TerminationRule, value_function: str, ratio: str) -> str:
+    """One line saying what credit assignment this run does."""
+    if is_vanilla(rule):
+        return "vanilla PPO (token-level credit assignment: fixed n=1)"
+    if rule.name == "fixed":
+        what = "one segment per response" if math.isinf(rule.n) else f"fixed n={int(rule.n)}"
+    elif rule.name in ("parsing", "code"):
+        what = f"{rule.name} C={rule.cutoff}, fallback fixed n={rule.n:g}"
+    else:
+        what = rule.name
+    return f"MA-PPO (macro actions: {what}; value function {value_function}; {ratio} ratio)"
+
+
+def response_texts(tokenizer, response_ids: torch.Tensor, mask: torch.Tensor):
+    """(texts, spans) of each response's real ids, EOS included (it gets an empty span)."""
+    from ..macro.alignment import token_offsets
+
+    texts, spans = [], []
+    for row, count in zip(response_ids.cpu(), mask.sum(dim=1).cpu()):
+        text, offsets = token_offsets(tokenizer, row[: int(count)].tolist())
+        texts.append(text)
+        spans.append(offsets)
+    return texts, spans
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the real tokens of this process's rollout batch; zero at padding."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return torch.where(mask.bool(), out, torch.zeros_like(out))
+
+
+def assign_credit(
+    experience,
+    rule: TerminationRule,
+    *,
+    tokenizer=None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    value_function: str = "equal",
+    whiten_advantages: bool = False,
+    sample_seeds=None,
+    executor=None,
+    workers: int = 0,
+):
+    """Fill ``segment_ids``, ``advantages``, ``returns`` and ``segment_stats`` of an Experience."""
+    mask = experience.mask
+    texts = spans = None
+    if rule.needs_text:
+        texts, spans = response_texts(tokenizer, experience.response_ids, mask)
+    segment_ids, stats = segment_batch(
+        rule,
+        mask.cpu(),
+        texts=texts,
+        offsets=spans,
+        ref_logprobs=experience.ref_logp.cpu() if rule.name == "ppl" else None,
+        sample_seeds=sample_seeds,
+        workers=workers,
+        executor=executor,
+    )
+    segment_ids = segment_ids.to(mask.device)
+    advantages, returns = macro_advantages(
+        experience.rewards, experience.values, mask, segment_ids,
+        gamma=gamma, lam=lam, value_function=value_function,
+    )
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    experience.segment_ids = segment_ids
+    experience.advantages = advantages
+    experience.returns = returns
+    experience.segment_stats = stats
+    return experience

@@ -1,0 +1,263 @@
+"""Rollout: prompts in, the per-token quantities of ma-ppo.md §2 out.
+
+For a batch of prompts this samples responses with the actor and computes, per response
+token a_t (t = 0 .. T-1):
+
+* ``old_logp[t]`` / ``ref_logp[t]``: log pi(a_t) under the sampling actor and the frozen
+  reference, from ``logits / temperature`` (the transform sampling used);
+* ``values[t]``: the critic's V(state before a_t), read at the column of the token
+  preceding a_t (the last prompt token for a_0), see :mod:`.forward`;
+* ``mask[t]``: 1 for real tokens up to and including the first EOS; a response cut at the
+  length limit has no EOS and is real to its end;
+* ``kl[t]``: the per-token KL estimate (k1 = old_logp - ref_logp by default, k3 optional);
+* ``rewards[t] = -kl_coef * kl[t]``, plus the clipped score at the last real token only.
+
+Segmentation and advantages come after (:mod:`.credit`), since the termination rules read
+``ref_logp`` and the response text computed here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Callable, Sequence
+
+import torch
+
+from .encode import encode_prompt
+from .forward import critic_values, policy_forward, resident
+from .rewards import RewardFn, ScoringBatch
+from .sampling import SamplingParams, response_mask, sample
+
+
+@dataclass
+class RolloutSettings:
+    """The knobs of one rollout (a subset of PPOConfig, so tests can build it directly)."""
+
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 1.0
+    max_prompt_length: int = 512
+    max_new_tokens: int = 512
+    kl_coef: float = 0.05
+    kl_estimator: str = "k1"
+    reward_clip: float = 5.0
+    missing_eos_penalty: float | None = None
+    offload_frozen: bool = False
+    forward_batch_size: int = 8
+
+    @classmethod
+    def from_config(cls, config, forward_batch_size: int) -> "RolloutSettings":
+        names = {f.name for f in fields(cls)} - {"forward_batch_size"}
+        return cls(forward_batch_size=forward_batch_size, **{n: getattr(config, n) for n in names})
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+
+
+@dataclass
+class Experience:
+    """One rollout batch; [B, T] tensors are aligned with the response columns."""
+
+    prompts: list[str]
+    responses: list[str]
+    records: list[dict]
+    prompt_length: int
+    sequences: torch.Tensor  # [B, P + T]
+    attention_mask: torch.Tensor  # [B, P + T]
+    response_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] long
+    has_eos: torch.Tensor  # [B] bool
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
+    values: torch.Tensor
+    kl: torch.Tensor  # the estimator used in the reward
+    kl_k1: torch.Tensor  # always logged, whatever the estimator
+    rewards: torch.Tensor
+    raw_scores: torch.Tensor  # [B] what the reward function returned
+    scores: torch.Tensor  # [B] clipped, minus the missing-EOS penalty: what is placed
+    generation_seconds: float = 0.0
+    scoring_seconds: float = 0.0
+    # filled by credit assignment
+    segment_ids: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    segment_stats: object | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.sequences.shape[0]
+
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)
+
+
+def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi.
+
+    k1 = log pi - log ref (unbiased, can be negative per token); k3 = (r - 1) - log r with
+    r = ref / pi (unbiased, never negative, lower variance).
+    """
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
+
+
+def final_scores(raw: torch.Tensor, has_eos: torch.Tensor, clip: float, missing_eos_penalty: float | None) -> torch.Tensor:
+    """The score PPO places: clipped to [-clip, clip], then minus the penalty for no EOS.
+
+    The penalty is applied after clipping so it always bites, even on a score at the clip.
+    """
+    scores = raw.float().clamp(-clip, clip)
+    if missing_eos_penalty:
+        scores = scores - float(missing_eos_penalty) * (~has_eos.bool()).float()
+    return scores
+
+
+def place_rewards(kl: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """r[t] = -kl_coef * kl[t] on real tokens, plus the score at the last real token exactly.
+
+    The mask is a prefix (real tokens, then padding), so the last real index is
+    ``mask.sum() - 1``: the EOS when the response has one, the final column when it was cut.
+    """
+    mask = mask.bool()
+    rewards = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))
+    last = (mask.long().sum(dim=1) - 1).clamp(min=0)
+    rewards = rewards.clone()
+    rewards[torch.arange(rewards.shape[0], device=rewards.device), last] += scores.to(rewards.dtype).to(rewards.device)
+    return rewards
+
+
+def _chunks(size: int, chunk: int):
+    chunk = max(1, int(chunk))
+    for start in range(0, size, chunk):
+        yield slice(start, min(size, start + chunk))
+
+
+@torch.no_grad()
+def _batched(fn: Callable[[slice], torch.Tensor], size: int, chunk: int) -> torch.Tensor:
+    return torch.cat([fn(part) for part in _chunks(size, chunk)], dim=0)
+
+
+def tokenize_prompts(tokenizer, prompts: Sequence[str], max_length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, encoded exactly as ``marlhf sft`` encodes prompts
+    (:func:`.encode.encode_prompt`: a long prompt keeps its *end*, where "TL;DR:" or the
+    assistant cue sits)."""
+    rows = [encode_prompt(tokenizer, prompt, max_length) for prompt in prompts]
+    longest = max(len(row) for row in rows)
+    ids = torch.full((len(rows), longest), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for index, row in enumerate(rows):
+        if row:
+            ids[index, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[index, longest - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def decode_responses(tokenizer, response_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [
+        tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        for row, n in zip(response_ids.cpu(), mask.sum(dim=1).cpu())
+    ]
+
+
+def generate(model, tokenizer, prompts: Sequence[str], settings: RolloutSettings, *, device):
+    """Sample responses: (prompt ids+mask, response ids, response mask, has_eos)."""
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, settings.max_prompt_length, device)
+    response_ids = sample(
+        model, prompt_ids, prompt_mask, settings.sampling,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    mask, has_eos = response_mask(response_ids, tokenizer.eos_token_id)
+    return prompt_ids, prompt_mask, response_ids, mask, has_eos
+
+
+def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos) -> ScoringBatch:
+    sequences = torch.cat([prompt_ids, response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)
+    return ScoringBatch(
+        prompts=list(prompts),
+        responses=decode_responses(tokenizer, response_ids, mask),
+        sequences=sequences,
+        attention_mask=attention_mask,
+        prompt_length=prompt_ids.shape[1],
+        response_ids=response_ids,
+        response_mask=mask,
+        has_eos=has_eos,
+        records=list(records),
+    )
+
+
+@torch.no_grad()
+def make_experience(
+    actor,
+    reference,
+    critic,
+    reward_fn: RewardFn,
+    tokenizer,
+    prompts: Sequence[str],
+    records: Sequence[dict],
+    settings: RolloutSettings,
+    *,
+    device="cpu",
+    sampler=None,
+) -> Experience:
+    """Sample one batch and compute every token-level quantity PPO needs (module docstring).
+
+    ``sampler``: the module that samples, when it is not ``actor`` itself (under ZeRO-3, a
+    whole-parameter copy of it).
+    """
+    started = time.perf_counter()
+    prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
+        sampler if sampler is not None else actor, tokenizer, prompts, settings, device=device
+    )
+    generated = time.perf_counter()
+    batch = scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos)
+    seq, att, plen = batch.sequences, batch.attention_mask, batch.prompt_length
+    size, chunk = seq.shape[0], settings.forward_batch_size
+    temperature = settings.temperature
+
+    def logp_of(model):
+        return _batched(lambda s: policy_forward(model, seq[s], att[s], plen, temperature)[0], size, chunk)
+
+    old_logp = logp_of(actor)
+    with resident(reference, device, settings.offload_frozen):
+        ref_logp = logp_of(reference)
+    values = _batched(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
+    with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
+        raw_scores = reward_fn(batch).float().to(old_logp.device)
+    scores = final_scores(raw_scores, has_eos.to(raw_scores.device), settings.reward_clip, settings.missing_eos_penalty)
+
+    real = mask.bool()
+    zero = torch.zeros((), device=old_logp.device)
+    old_logp = torch.where(real, old_logp, zero)
+    ref_logp = torch.where(real, ref_logp, zero)
+    values = torch.where(real, values, zero)
+    kl_k1 = torch.where(real, kl_per_token(old_logp, ref_logp, "k1"), zero)
+    kl = torch.where(real, kl_per_token(old_logp, ref_logp, settings.kl_estimator), zero)
+    rewards = place_rewards(kl, scores, mask, settings.kl_coef)
+    return Experience(
+        prompts=list(prompts),
+        responses=batch.responses,
+        records=list(records),
+        prompt_length=plen,
+        sequences=seq,
+        attention_mask=att,
+        response_ids=response_ids,
+        mask=mask,
+        has_eos=has_eos,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        values=values,
+        kl=kl,
+        kl_k1=kl_k1,
+        rewards=rewards,
+        raw_scores=raw_scores,
+        scores=scores,
+        generation_seconds=generated - started,
+        scoring_seconds=time.perf_counter() - generated,
+    )

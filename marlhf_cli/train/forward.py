@@ -1,0 +1,158 @@
+"""The forwards PPO needs, all over the same ``[prompt | response]`` layout.
+
+A rollout sequence is a left-padded prompt of P columns followed by a right-padded response
+of T columns, so one row may have padding at both ends. Three rules keep every forward
+consistent (ma-ppo.md §2):
+
+* Position ids come from the attention mask, ``cumsum(mask) - 1`` clamped at 0, in every
+  forward (sampling included), so a token sees the same position whether its row was padded
+  or not, and in the rollout and the update alike.
+* Log-probabilities use ``logits / temperature``, the transform sampling used; otherwise the
+  PPO ratio of the first update would not be 1.
+* Response token ``a_t`` sits at column ``P + t``; the logits that predict it, and the value
+  of the state before it, are read at column ``P + t - 1`` (for ``a_0`` that is the last
+  prompt token). So ``v[t]`` is V(s_t) with s_t = prompt + a_0..a_{t-1}: the state in which
+  a_t is chosen, which is what GAE's ``delta_t = r_t + v[t+1] - v[t]`` needs.
+
+The reward model reads its score at the response's last real token (EOS when there is one),
+found from the mask, never by looking for pad ids: SmolLM2's pad token *is* its EOS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..errors import UserError
+from . import scoring
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only: ``cumsum(mask) - 1`` clamped at 0."""
+    return scoring.position_ids(attention_mask)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[label], computed without a [.., V] log-softmax copy."""
+    logits = logits.float() / temperature
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position."""
+    logits = logits.float() / temperature
+    logz = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    return logz - (probs * logits).sum(dim=-1)
+
+
+@contextlib.contextmanager
+def resident(model, device, offload: bool):
+    """Move a frozen model (reference, reward model) to ``device`` for a block, then back to
+    CPU memory when ``offload`` is set; a no-op otherwise (and for ``None``)."""
+    if model is None or not offload:
+        yield model
+        return
+    model.to(device)
+    try:
+        yield model
+    finally:
+        model.to("cpu")
+
+
+def disable_dropout(model) -> None:
+    """Dropout off for good: PPO's ratio must be 1 at the first update, and old log-probs,
+    values and scores must not depend on a dropout draw. (Training mode stays on, which
+    gradient checkpointing needs.)"""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for key in list(vars(config)) if config is not None else []:
+        if "dropout" in key and isinstance(getattr(config, key), float):
+            setattr(config, key, 0.0)
+
+
+def unwrap(model):
+    """The Hugging Face model inside a DeepSpeed engine (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+def policy_forward(
+    model,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and optionally entropies) of the response tokens, both [B, T].
+
+    ``model`` may be a DeepSpeed engine (its forward is then the engine's, as training
+    needs) or a plain model. Only the last T + 1 positions go through the LM head
+    (``logits_to_keep``): the prompt's logits are never needed.
+    """
+    response = sequences[:, prompt_length:]
+    length = response.shape[1]
+    out = model(
+        input_ids=sequences,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=length + 1,
+    )
+    logits = out.logits[:, :-1]  # columns P-1 .. P+T-2 predict a_0 .. a_{T-1}
+    logp = logprobs_from_logits(logits, response, temperature)
+    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+    return logp, entropy
+
+
+def _check_head(model) -> None:
+    if not scoring.is_decoder_head(model):
+        raise UserError(
+            f"{type(model).__name__} has no per-token score head ('score'): critic and reward "
+            "model must be decoder *ForSequenceClassification models (what 'marlhf rm' writes)"
+        )
+
+
+class TokenValues(torch.nn.Module):
+    """A critic: the reward model's scalar head applied at every position, [B, L].
+
+    A module of its own so that DeepSpeed trains it through its forward (ZeRO-3 gathers
+    parameters on that path); ``.model`` is the Hugging Face model that gets saved.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        _check_head(model)
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids, attention_mask):
+        return scoring.token_values(self.model, input_ids, attention_mask).float()
+
+    def gradient_checkpointing_enable(self, **kwargs):
+        self.model.gradient_checkpointing_enable(**kwargs)
+
+
+def critic_values(critic, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """v[t] = V(state before a_t), read at column P + t - 1: [B, T].
+
+    ``critic`` is a :class:`TokenValues` or an engine around one.
+    """
+    length = sequences.shape[1] - prompt_length
+    values = critic(input_ids=sequences, attention_mask=attention_mask)
+    return values[:, prompt_length - 1 : prompt_length - 1 + length]
+
+
+def last_token_scores(model, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A reward model's score at each sequence's last real token (EOS when present): [B].
+
+    ``attention_mask`` is [prompt mask | response mask], so its last 1 is the response's
+    last real token, as in ``marlhf rm`` (:func:`marlhf_cli.train.scoring.sequence_scores`).
+    """
+    _check_head(unwrap(model))
+    return scoring.sequence_scores(unwrap(model), sequences, attention_mask).float()

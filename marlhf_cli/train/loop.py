@@ -1,0 +1,281 @@
+"""The training loop SFT and the reward model share: data order, steps, eval, checkpoints.
+
+A stage describes itself as a :class:`Task` (its examples, how to batch them, what a batch
+contributes to the loss) and :func:`fit` does the rest. Three choices matter for
+reproducibility:
+
+* **Data order is a pure function of (seed, epoch)**: a ``torch.Generator`` seeded from both
+  permutes the training examples once per epoch, and optimizer step ``s`` always uses the
+  same global batch. A run resumed at step k therefore replays exactly what an
+  uninterrupted run would have done; the only "data position" to save is the step.
+* **The loss is a sum divided by a global count.** Each batch reports *sums* (of token
+  NLLs, of pair losses) and a count (response tokens, pairs); the loop all-reduces the count
+  over the step's micro-batches and processes and divides by it. One process with batch 2B,
+  two processes with B each, or B with two accumulation steps give the same gradient, which
+  a per-micro-batch mean would not (micro-batches hold different numbers of tokens).
+* **Every process runs the same number of forward passes**, as ZeRO-3 requires (it gathers
+  parameters collectively): training batches are full by construction (the last partial
+  batch of an epoch is dropped), and in evaluation a process with no examples left runs a
+  stand-in batch whose sums it discards.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .. import checkpoints, engine as eng
+from ..errors import UserError
+from .monitor import Monitor
+
+
+@dataclass
+class Task:
+    """What one stage plugs into :func:`fit`.
+
+    ``sums(engine, batch)`` returns named sums over the batch; ``"loss"`` must carry the
+    gradient. ``count(batch)`` is the batch's share of the denominator (tokens, pairs).
+    ``summarize(sums, count)`` turns global sums into the reported metrics.
+    """
+
+    name: str
+    train: Sequence[Any]
+    eval: Sequence[Any]
+    collate: Callable[[Sequence[Any]], dict]
+    count: Callable[[dict], int]
+    sums: Callable[[Any, dict], dict]
+    summarize: Callable[[dict[str, float], float], dict[str, float]]
+    live: tuple[str, ...] = ("loss",)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    size: Callable[[Any], int] | None = None  # an example's length: evaluation batches similar lengths
+
+
+# ---------------------------------------------------------------------------------------
+# data order
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The permutation of ``n`` examples used in ``epoch`` (deterministic, platform-free)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return n // batch_size
+
+
+def total_steps(n: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
+    """Optimizer steps of the run: ``max_steps`` when given (cycling epochs), else ``epochs`` full passes."""
+    per_epoch = steps_per_epoch(n, batch_size)
+    if per_epoch == 0:
+        raise UserError(f"only {n} training examples for a batch of {batch_size}: lower --batch-size or add data")
+    return int(max_steps) if max_steps else per_epoch * max(1, int(epochs))
+
+
+def global_batch(n: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Indices of the examples of optimizer step ``step`` (0-based)."""
+    per_epoch = steps_per_epoch(n, batch_size)
+    epoch, position = divmod(step, per_epoch)
+    order = epoch_order(n, seed, epoch)
+    return order[position * batch_size : (position + 1) * batch_size]
+
+
+def micro_batches(indices: Sequence[int], micro: int, processes: int, rank: int) -> list[list[int]]:
+    """This process's micro-batches of one global batch: micro-batch i, process r gets slot i*W + r."""
+    slots = [list(indices[start : start + micro]) for start in range(0, len(indices), micro)]
+    return [slot for index, slot in enumerate(slots) if index % processes == rank]
+
+
+# ---------------------------------------------------------------------------------------
+# one step, one evaluation
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+
+def _reduce(sums: dict, count: float) -> tuple[dict[str, float], float]:
+    """All-reduce a dict of scalar sums and a count in one collective."""
+    import torch
+
+    keys = sorted(sums)
+    values = torch.tensor([float(sums[k]) for k in keys] + [float(count)], dtype=torch.float64)
+    values = eng.all_reduce_sum(values).tolist()
+    return dict(zip(keys, values[:-1])), values[-1]
+
+
+def train_step(engine, task: Task, batches: list[dict]) -> dict[str, float]:
+    """One optimizer step over this process's micro-batches; returns the step's metrics."""
+    import torch
+
+    local_count = sum(task.count(b) for b in batches)
+    _, global_count = _reduce({}, local_count)
+    # DeepSpeed divides by the accumulation steps and averages over processes; undo both so
+    # the gradient is that of (sum of losses) / (global count).
+    scale = eng.world_size() * len(batches) / max(global_count, 1.0)
+    totals: dict[str, float] = {}
+    measured = None
+    for index, batch in enumerate(batches):
+        sums = task.sums(engine, _to_device(batch, engine.device))
+        engine.backward(sums["loss"] * scale)
+        if index == len(batches) - 1 and eng.zero_stage(engine) == 0:
+            measured = eng.local_grad_norm(engine.module)
+        engine.step()
+        for key, value in sums.items():
+            value = float(value.detach()) if torch.is_tensor(value) else float(value)
+            totals[key] = totals.get(key, 0.0) + value
+    totals, global_count = _reduce(totals, local_count)
+    metrics = task.summarize(totals, global_count)
+    norm = measured if measured is not None else eng.grad_norm(engine)
+    if norm is not None:
+        metrics["grad_norm"] = norm
+    return metrics
+
+
+def evaluate(engine, task: Task, micro: int) -> dict[str, float]:
+    """Metrics over the held-out examples, sharded over processes."""
+    import torch
+
+    examples = task.eval
+    if not examples:
+        return {}
+    if task.size is not None:  # sums do not depend on order; similar lengths waste less padding
+        examples = sorted(examples, key=task.size, reverse=True)
+    processes, me = eng.world_size(), eng.rank()
+    rounds = math.ceil(len(examples) / (micro * processes))
+    totals: dict[str, float] = {}
+    local_count = 0.0
+    was_training = engine.module.training
+    engine.eval()
+    with torch.no_grad():
+        for round_index in range(rounds):
+            start = (round_index * processes + me) * micro
+            chunk = list(examples[start : start + micro])
+            stand_in = not chunk
+            batch = task.collate(chunk or list(examples[:1]))
+            sums = task.sums(engine, _to_device(batch, engine.device))
+            if stand_in:
+                continue
+            local_count += task.count(batch)
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+    if was_training:
+        engine.train()
+    keys = _reduce_keys(totals)
+    totals, global_count = _reduce({k: totals.get(k, 0.0) for k in keys}, local_count)
+    return task.summarize(totals, global_count)
+
+
+def _reduce_keys(totals: dict) -> list[str]:
+    """The same key list on every process (a process may have seen no eval batch)."""
+    return sorted(eng.broadcast_object(sorted(totals)) or [])
+
+
+# ---------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass
+class FitResult:
+    steps: int
+    train: dict[str, float]
+    eval: dict[str, float]
+    seconds_per_step: float | None
+    resumed_from: int | None
+
+
+def run_fingerprint(task: Task, config: Any, batch_size: int, steps: int) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it (data order, schedule)."""
+    return {**task.fingerprint, "batch_size": batch_size, "seed": config.seed, "steps": steps}
+
+
+def resume_point(config: Any, checkpoint_dir: Path, say: Callable[[str], None]) -> Path | None:
+    """The checkpoint to resume (``--resume``), or None for a fresh run, whose stale checkpoints go."""
+    if not getattr(config, "resume", False):
+        if eng.is_main() and checkpoints.list_checkpoints(checkpoint_dir):
+            say(f"fresh run: removing old checkpoints in {checkpoint_dir} (pass --resume to continue them)")
+        checkpoints.clear_checkpoints(checkpoint_dir)
+        return None
+    found = eng.broadcast_object(checkpoints.latest_checkpoint(checkpoint_dir))
+    if found is None:
+        say(f"--resume: no checkpoint in {checkpoint_dir} yet; starting from step 0")
+    return found
+
+
+def resume_step(found: Path | None) -> int:
+    return int(checkpoints.read_state(found)["step"]) if found is not None else 0
+
+
+def fit(
+    task: Task,
+    engine,
+    *,
+    config: Any,
+    monitor: Monitor,
+    batch_size: int,
+    steps: int,
+    checkpoint_dir: Path,
+    resume_from: Path | None = None,
+) -> FitResult:
+    """Train ``engine`` on ``task`` for ``steps`` optimizer steps, with eval and checkpoints.
+
+    ``resume_from`` (see :func:`resume_point`) restores model, optimizer, scheduler and
+    random states first and continues at the checkpoint's step.
+    """
+    micro = batch_size // (config.gradient_accumulation_steps * eng.world_size())
+    expected = run_fingerprint(task, config, batch_size, steps)
+    start = 0
+    if resume_from is not None:
+        _check_fingerprint(resume_from, expected)
+        start = int(checkpoints.load_checkpoint(engine, resume_from)["step"])
+        monitor.print(f"resuming from {resume_from} (step {start} of {steps})")
+    last_train: dict[str, float] = {}
+    last_eval: dict[str, float] = {}
+    durations: list[float] = []
+    engine.train()
+    for step in range(start, steps):
+        began = time.perf_counter()
+        lr = eng.current_lr(engine)  # the rate this step uses (the scheduler moves it after)
+        indices = global_batch(len(task.train), batch_size, config.seed, step)
+        mine = micro_batches(indices, micro, eng.world_size(), eng.rank())
+        batches = [task.collate([task.train[i] for i in slot]) for slot in mine]
+        metrics = train_step(engine, task, batches)
+        durations.append(time.perf_counter() - began)
+        done = step + 1
+        metrics.update(lr=lr, step_time=durations[-1])
+        last_train = metrics
+        monitor.log(done, metrics, "train")
+        monitor.advance(done, {k: metrics[k] for k in task.live if k in metrics})
+        final = done == steps
+        if config.eval_every and done % config.eval_every == 0 and not final:
+            last_eval = evaluate(engine, task, micro)
+            if last_eval:
+                monitor.log(done, last_eval, "eval")
+        if config.save_every and done % config.save_every == 0 and not final:
+            checkpoints.save_checkpoint(engine, checkpoint_dir, done, {"fingerprint": expected, "stage": task.name})
+    if task.eval:
+        last_eval = evaluate(engine, task, micro)
+        monitor.log(steps, last_eval, "eval")
+    timed = durations[1:] or durations  # the first step includes one-off warm-up
+    return FitResult(
+        steps=steps,
+        train=last_train,
+        eval=last_eval,
+        seconds_per_step=(sum(timed) / len(timed)) if timed else None,
+        resumed_from=start if resume_from is not None else None,
+    )
+
+
+def _check_fingerprint(found: Path, expected: dict[str, Any]) -> None:
+    saved = checkpoints.read_state(found).get("fingerprint", {})
+    for key, value in expected.items():
+        if key in saved and saved[key] != value:
+            raise UserError(
+                f"--resume: {found} was written with {key}={saved[key]!r}, this run has {value!r}; "
+                "use the same options, or start afresh without --resume"
+            )

@@ -1,0 +1,152 @@
+"""What a training stage shows and records: progress bar, metrics JSONL, TensorBoard, loss PNG.
+
+Only rank 0 does any of it (other ranks get a monitor whose methods do nothing), so a
+multi-process run prints one progress bar and writes each metric once.
+
+On ``--resume`` from step k, rows after k (written by the run that was killed) are dropped
+from ``metrics/<stage>.jsonl`` and TensorBoard is told to purge them, so the records of a
+resumed run read like those of a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import artifacts
+
+
+class Monitor:
+    """Progress, metrics and plots for one stage of one run directory."""
+
+    def __init__(self, run: artifacts.RunDir, stage: str, *, total_steps: int, start_step: int, enabled: bool):
+        self.run = run
+        self.stage = stage
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.path = run.metrics_path(stage)
+        self._writer = None
+        self._progress = None
+        self._task = None
+        if not enabled:
+            return
+        self._truncate(start_step)
+        self._writer = _tensorboard(run.path("tb", stage), purge_step=start_step + 1 if start_step else None)
+        self._start_progress(start_step)
+
+    # metrics ------------------------------------------------------------------------------
+    def _truncate(self, start_step: int) -> None:
+        if not self.path.is_file():
+            return
+        rows = artifacts.read_jsonl(self.path) if start_step else []
+        artifacts.write_jsonl(self.path, [row for row in rows if row.get("step", 0) <= start_step])
+
+    def log(self, step: int, values: dict[str, Any], split: str = "train") -> None:
+        """One metrics row ``{"step", "split", **values}`` to JSONL and TensorBoard."""
+        if not self.enabled:
+            return
+        row = {"step": step, "split": split, **{k: _plain(v) for k, v in values.items()}, "time": round(time.time(), 3)}
+        artifacts.append_jsonl(self.path, row)
+        if self._writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self._writer.add_scalar(f"{split}/{key}", value, step)
+            self._writer.flush()
+
+    # progress -----------------------------------------------------------------------------
+    def _start_progress(self, start_step: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn(f"[bold]{self.stage}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("<"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[live]}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.stage, total=self.total_steps, completed=start_step, live="")
+
+    def advance(self, step: int, live: dict[str, float]) -> None:
+        if self._progress is not None:
+            text = "  ".join(f"{k} {_short(v)}" for k, v in live.items())
+            self._progress.update(self._task, completed=step, live=text)
+
+    def print(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(message, highlight=False)
+        else:
+            from rich.console import Console
+
+            Console(stderr=True).print(message, highlight=False)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # plot ---------------------------------------------------------------------------------
+    def plot(self, metric: str = "loss", title: str | None = None) -> Path | None:
+        """``plots/<stage>-loss.png``: the training curve and the held-out points."""
+        if not self.enabled or not self.path.is_file():
+            return None
+        rows = artifacts.read_jsonl(self.path)
+        return plot_curves(rows, metric, self.run.plot_path(f"{self.stage}-{metric}"), title or f"{self.stage} {metric}")
+
+
+def plot_curves(rows: list[dict], metric: str, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for split, style in (("train", "-"), ("eval", "o-")):
+        points = [(r["step"], r[metric]) for r in rows if r.get("split") == split and isinstance(r.get(metric), (int, float))]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, style, label=f"{split} {metric}", markersize=4)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with artifacts.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _tensorboard(folder: Path, purge_step: int | None):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is a dependency, but a missing one must not stop training
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    return SummaryWriter(log_dir=str(folder), purge_step=purge_step)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6) if math.isfinite(value) else None
+    return value
+
+
+def _short(value: float) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,129 @@
+"""What ``marlhf ppo`` shows at the end, and ``marlhf ppo --compare``: tables and eval curves.
+
+Everything here reads the metrics stream ``metrics/ppo-<name>.jsonl`` (rows with
+``split`` = ``train`` or ``eval``), so runs can be compared long after they finished, and a
+resumed run's table covers its whole history.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .. import artifacts
+from ..artifacts import RunDir
+from ..errors import UserError
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _train_mean(rows: list[dict], key: str, last: int = 5) -> float | None:
+    """Mean of the last few training steps' ``key`` (single steps are noisy)."""
+    values = [row[key] for row in rows if row.get("split") == "train" and isinstance(row.get(key), (int, float))]
+    tail = values[-last:]
+    return sum(tail) / len(tail) if tail else None
+
+
+def summary_row(name: str, rows: list[dict]) -> dict:
+    evals = [row for row in rows if row.get("split") == "eval"]
+    steps = max((row.get("step", 0) for row in rows), default=0)
+    return {
+        "run": name,
+        "steps": steps,
+        "eval_start": evals[0]["score"] if evals else None,
+        "eval_end": evals[-1]["score"] if evals else None,
+        "eval_length": evals[-1].get("response_length") if evals else None,
+        "train_score": _train_mean(rows, "score"),
+        "kl": _train_mean(rows, "kl"),
+        "segment_length": _train_mean(rows, "segment_length"),
+        "seconds_per_step": _train_mean(rows, "step_time", last=10**9),
+    }
+
+
+def _table(title: str, summaries: Sequence[dict]):
+    from rich.table import Table
+
+    table = Table(title=title)
+    # eval: mean held-out score before training and at the end; KL and segment length: mean
+    # of the last 5 training steps
+    for label in ("run", "steps", "eval start", "eval end", "length", "KL", "seg len", "s/step"):
+        table.add_column(label, justify="left" if label == "run" else "right", no_wrap=True)
+    for s in summaries:
+        table.add_row(
+            s["run"], str(s["steps"]), _fmt(s["eval_start"]), _fmt(s["eval_end"]), _fmt(s["eval_length"], 1),
+            _fmt(s["kl"]), _fmt(s["segment_length"], 2), _fmt(s["seconds_per_step"], 2),
+        )  # fmt: skip
+    table.caption = "eval: mean held-out score; length: eval response tokens; KL, seg len: last 5 steps"
+    return table
+
+
+def print_final_table(name: str, history: list[dict], metrics: dict) -> None:
+    """The final eval table of one run (stdout)."""
+    from rich.console import Console
+
+    Console(highlight=False).print(_table(f"ppo '{name}': final evaluation", [summary_row(name, history)]))
+
+
+def read_run(run_dir: RunDir, name: str) -> list[dict]:
+    path = run_dir.metrics_path(f"ppo-{name}")
+    if not path.is_file():
+        raise UserError(f"{path} is missing: run 'marlhf ppo --name {name} --run-dir {run_dir.root}' first")
+    return artifacts.read_jsonl(path)
+
+
+def plot_eval_curves(runs: dict[str, list[dict]], path: Path, metric: str = "score") -> Path:
+    """Eval ``metric`` against step, one line per run, on one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for name, rows in runs.items():
+        points = [(r["step"], r[metric]) for r in rows if r.get("split") == "eval" and isinstance(r.get(metric), (int, float))]
+        if not points:  # a run without evaluation: its training curve, dashed
+            points = [(r["step"], r[metric]) for r in rows if r.get("split") == "train" and isinstance(r.get(metric), (int, float))]
+            style = "--"
+        else:
+            style = "o-"
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, style, label=name, markersize=4)
+    ax.set_xlabel("PPO step")
+    ax.set_ylabel(f"held-out {metric}")
+    ax.set_title(f"eval {metric}: " + ", ".join(runs))
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with artifacts.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score") -> Path:
+    """``marlhf ppo --compare A B ...``: one figure of eval curves and one table."""
+    from rich.console import Console
+
+    if not names:
+        raise UserError("--compare needs at least one run name")
+    run = RunDir(run_dir)
+    runs = {name: read_run(run, name) for name in names}
+    path = plot_eval_curves(runs, run.plot_path("ppo-compare-" + "-".join(names)), metric)
+    Console(highlight=False).print(_table("ppo runs", [summary_row(n, rows) for n, rows in runs.items()]))
+    Console(stderr=True, highlight=False).print(f"wrote {path}")
+    return path
+
+
+def compare_command(run_dir: str | Path, names: Sequence[str], flag: bool) -> Path:
+    """Checks of the command line's shape, then :func:`compare`."""
+    if not flag:
+        raise UserError(f"unexpected argument(s) {' '.join(names)}: run names go with --compare")
+    return compare(run_dir, names)

@@ -1,0 +1,216 @@
+"""``marlhf rm``: a pairwise reward model, initialised from the run's SFT model.
+
+Loss: ``-log sigmoid(r(prompt, chosen) - r(prompt, rejected))`` averaged over pairs. The
+score is read at the last real token of prompt + response + EOS (see
+:mod:`.scoring` for why not at the first pad), which is also where PPO places it.
+
+Pairs whose chosen and rejected responses become identical after truncation to
+``max_response_length`` teach nothing (their loss is log 2 whatever the model does); they
+are left out and counted.
+
+Held-out evaluation reports accuracy (share of pairs with r_chosen > r_rejected), the mean
+margin, and the mean and standard deviation of all held-out scores; the last two are stored
+in ``rm/config.json`` (``marlhf_reward_mean``, ``marlhf_reward_std``) for
+:func:`.scoring.normalized_score`. ``rm/`` loads with
+``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Sequence
+
+from .. import checkpoints, engine as eng
+from ..artifacts import RunDir
+from . import common, loop, scoring
+from .freeze import train_top_layers
+from .encode import attention_mask, encode_prompt, encode_response, pad_right
+from .monitor import Monitor
+
+STAGE = "rm"
+
+
+# ---------------------------------------------------------------------------------------
+# pairs
+
+
+def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int) -> dict | None:
+    """``{"chosen": ids, "rejected": ids}``, each prompt + response (+ EOS); None if they coincide."""
+    prompt = encode_prompt(tokenizer, record["prompt"], max_prompt)
+    chosen = encode_response(tokenizer, record["chosen"], max_response)
+    rejected = encode_response(tokenizer, record["rejected"], max_response)
+    if chosen == rejected:
+        return None
+    return {"chosen": prompt + chosen, "rejected": prompt + rejected}
+
+
+def encode_pairs(tokenizer, records: Sequence[dict], max_prompt: int, max_response: int) -> tuple[list[dict], int]:
+    """Encoded pairs and how many were left out as identical after truncation."""
+    pairs = [encode_pair(tokenizer, r, max_prompt, max_response) for r in records]
+    kept = [p for p in pairs if p is not None]
+    return kept, len(pairs) - len(kept)
+
+
+def collate(pairs: Sequence[dict], pad_id: int) -> dict:
+    """Chosen sequences first, then rejected, in one right-padded batch of 2B rows."""
+    rows = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    return {"input_ids": pad_right(rows, pad_id), "attention_mask": attention_mask(rows), "pairs": len(pairs)}
+
+
+# ---------------------------------------------------------------------------------------
+# loss and metrics
+
+
+def pair_count(batch: dict) -> int:
+    return int(batch["pairs"])
+
+
+def pair_sums(engine, batch: dict) -> dict:
+    """Summed pairwise loss, correct pairs, margins, and score moments of one batch."""
+    import torch.nn.functional as F
+
+    scores = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    n = int(batch["pairs"])
+    chosen, rejected = scores[:n], scores[n:]
+    margin = chosen - rejected
+    detached = scores.detach().double()
+    return {
+        "loss": -F.logsigmoid(margin).sum(),
+        "correct": (margin.detach() > 0).sum(),
+        "margin": margin.detach().sum(),
+        "score": detached.sum(),
+        "score_sq": (detached**2).sum(),
+    }
+
+
+def summarize(sums: dict[str, float], pairs: float) -> dict[str, float]:
+    n = max(pairs, 1.0)
+    mean = sums.get("score", 0.0) / (2 * n)
+    variance = max(sums.get("score_sq", 0.0) / (2 * n) - mean**2, 0.0)
+    return {
+        "loss": sums.get("loss", float("nan")) / n,
+        "accuracy": sums.get("correct", 0.0) / n,
+        "margin": sums.get("margin", 0.0) / n,
+        "score_mean": mean,
+        "score_std": math.sqrt(variance),
+        "pairs": pairs,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the stage
+
+
+def build_task(config: Any, tokenizer, train_records, eval_records) -> tuple[loop.Task, int]:
+    train, dropped = encode_pairs(tokenizer, train_records, config.max_prompt_length, config.max_response_length)
+    held_out, dropped_eval = encode_pairs(tokenizer, eval_records, config.max_prompt_length, config.max_response_length)
+    pad_id = tokenizer.pad_token_id
+    task = loop.Task(
+        name=STAGE,
+        train=train,
+        eval=held_out,
+        collate=lambda pairs: collate(pairs, pad_id),
+        count=pair_count,
+        sums=pair_sums,
+        summarize=summarize,
+        live=("loss", "accuracy"),
+        size=lambda pair: max(len(pair["chosen"]), len(pair["rejected"])),
+        fingerprint={"train_examples": len(train), "model": str(config.model), "trainable_layers": config.trainable_layers},
+    )
+    return task, dropped + dropped_eval
+
+
+def base_model(config: Any, run_dir: RunDir) -> str:
+    """``--model``, or the run's SFT model (a one-line error naming ``marlhf sft`` if absent)."""
+    return str(config.model) if config.model else str(run_dir.require("sft"))
+
+
+def run(config: Any) -> dict[str, Any]:
+    """Train the reward model and write ``rm/`` into the run directory; returns final metrics."""
+    from ..models import load_reward_model, load_tokenizer
+
+    common.start(config)
+    run_dir = RunDir(config.run_dir)
+    model_name = base_model(config, run_dir)
+    train = common.load_split(config, "rm", config.max_records)
+    held_out = common.load_split(config, "eval", config.eval_records, report=False)
+    tokenizer = load_tokenizer(model_name, padding_side="right")
+    task, identical = build_task(config, tokenizer, train.records, held_out.records)
+    if identical:
+        common.say(f"left out {identical} pairs whose responses are identical after truncation to {config.max_response_length} tokens")
+    steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
+    with _quiet_loading(config.debug):  # the "score.weight MISSING" report is expected here
+        model = load_reward_model(model_name, dtype="fp32")
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if config.trainable_layers is not None:
+        trainable, total = train_top_layers(model, config.trainable_layers)
+        common.say(f"training the top {config.trainable_layers} blocks, final norm and head: {trainable:,} of {total:,} parameters")
+    engine = eng.build_engine(
+        scoring.SequenceScorer(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps
+    )
+    checkpoint_dir = run_dir.stage_dir(STAGE) / "checkpoints"
+    resume_from = loop.resume_point(config, checkpoint_dir, common.say)
+    inputs = common.inputs_entry(config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical)
+    common.record(run_dir, STAGE, config, inputs, None, status="running")
+    monitor = Monitor(run_dir, STAGE, total_steps=steps, start_step=loop.resume_step(resume_from), enabled=eng.is_main())
+    try:
+        result = loop.fit(
+            task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,
+            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
+        )  # fmt: skip
+    finally:
+        monitor.close()
+    stats = result.eval or result.train
+    out = checkpoints.export_pretrained(
+        engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, unwrap=lambda module: module.model,
+        config_updates={
+            scoring.MEAN_KEY: stats.get("score_mean", 0.0),
+            scoring.STD_KEY: stats.get("score_std", 1.0) or 1.0,
+            scoring.POSITION_KEY: scoring.POSITION,
+        },
+    )  # fmt: skip
+    monitor.plot("loss", title=f"reward model loss ({model_name})")
+    metrics = final_metrics(result)
+    common.record(run_dir, STAGE, config, inputs, metrics, status="finished")
+    common.say(_summary_line(out, metrics))
+    return metrics
+
+
+@contextlib.contextmanager
+def _quiet_loading(debug: bool):
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    if not debug:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def final_metrics(result: loop.FitResult) -> dict[str, Any]:
+    metrics: dict[str, Any] = {
+        "steps": result.steps,
+        "train_loss": result.train.get("loss"),
+        "train_accuracy": result.train.get("accuracy"),
+    }
+    for key in ("loss", "accuracy", "margin", "score_mean", "score_std", "pairs"):
+        if key in result.eval:
+            metrics[f"eval_{key}"] = result.eval[key]
+    if result.seconds_per_step is not None:
+        metrics["seconds_per_step"] = round(result.seconds_per_step, 4)
+    if result.resumed_from is not None:
+        metrics["resumed_from_step"] = result.resumed_from
+    return metrics
+
+
+def _summary_line(out, metrics: dict) -> str:
+    parts = [f"rm: wrote {out}", f"{metrics['steps']} steps"]
+    if "eval_accuracy" in metrics:
+        parts.append(
+            f"held-out accuracy {metrics['eval_accuracy']:.3f} on {int(metrics['eval_pairs'])} pairs, "
+            f"margin {metrics['eval_margin']:.3f}, score {metrics['eval_score_mean']:.3f} +- {metrics['eval_score_std']:.3f}"
+        )
+    return ", ".join(parts)

@@ -1,0 +1,185 @@
+"""``marlhf sft``: supervised fine-tuning of a causal LM on prompt + chosen response.
+
+The loss is the mean next-token NLL over *response* tokens only (prompt and padding labels
+are -100): the policy must learn to answer, not to write Reddit posts or user turns. Each
+response ends with EOS, so the model learns to stop, which PPO's rollouts rely on.
+
+``--packing`` concatenates examples into blocks of ``max_prompt_length +
+max_response_length`` tokens (fewer padding tokens, faster on long-tail data). Attention
+then crosses example boundaries inside a block, as in the usual "constant length" packing;
+the labels still cover responses only.
+
+Held-out loss and perplexity are measured every ``eval_every`` steps on the dataset's
+``eval`` split. Outputs: ``sft/`` (a ``save_pretrained`` folder with the tokenizer),
+``metrics/sft.jsonl``, ``tb/sft``, ``plots/sft-loss.png`` and the ``sft`` entry of run.json.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .. import checkpoints, engine as eng
+from ..artifacts import RunDir
+from ..errors import UserError
+from . import common, loop
+from .encode import IGNORE, attention_mask, encode_prompt, encode_response, pad_right
+from .monitor import Monitor
+
+STAGE = "sft"
+
+
+# ---------------------------------------------------------------------------------------
+# examples
+
+
+def encode_example(tokenizer, prompt: str, response: str, max_prompt: int, max_response: int) -> dict:
+    """``input_ids`` = prompt + response (+ EOS); ``labels`` = -100 over the prompt, ids over the response."""
+    prompt_ids = encode_prompt(tokenizer, prompt, max_prompt)
+    response_ids = encode_response(tokenizer, response, max_response)
+    return {"input_ids": prompt_ids + response_ids, "labels": [IGNORE] * len(prompt_ids) + response_ids}
+
+
+def pack(examples: Sequence[dict], block_size: int) -> list[dict]:
+    """Concatenate examples and cut the stream into blocks of ``block_size`` tokens (last one shorter)."""
+    ids: list[int] = []
+    labels: list[int] = []
+    for example in examples:
+        ids.extend(example["input_ids"])
+        labels.extend(example["labels"])
+    return [
+        {"input_ids": ids[start : start + block_size], "labels": labels[start : start + block_size]}
+        for start in range(0, len(ids), block_size)
+    ]
+
+
+def collate(examples: Sequence[dict], pad_id: int) -> dict:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on padding)."""
+    ids = [e["input_ids"] for e in examples]
+    return {
+        "input_ids": pad_right(ids, pad_id),
+        "attention_mask": attention_mask(ids),
+        "labels": pad_right([e["labels"] for e in examples], IGNORE),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# loss
+
+
+def target_count(batch: dict) -> int:
+    """Tokens the loss is averaged over: response tokens that have a predecessor."""
+    return int((batch["labels"][:, 1:] != IGNORE).sum())
+
+
+def nll_sum(logits, labels):
+    """Summed next-token NLL where ``labels`` (shifted by one) are not -100."""
+    import torch.nn.functional as F
+
+    targets = labels[:, 1:]
+    keep = targets != IGNORE
+    predicted = logits[:, :-1][keep].float()
+    return F.cross_entropy(predicted, targets[keep], reduction="sum")
+
+
+def batch_sums(engine, batch: dict) -> dict:
+    logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    return {"loss": nll_sum(logits, batch["labels"])}
+
+
+def summarize(sums: dict[str, float], count: float) -> dict[str, float]:
+    loss = sums.get("loss", float("nan")) / max(count, 1.0)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+
+
+# ---------------------------------------------------------------------------------------
+# the stage
+
+
+def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: list[dict]) -> loop.Task:
+    def encode(records):
+        return [
+            encode_example(tokenizer, r["prompt"], _response(r), config.max_prompt_length, config.max_response_length)
+            for r in records
+        ]
+
+    train = encode(train_records)
+    held_out = encode(eval_records)
+    if config.packing:
+        block = config.max_prompt_length + config.max_response_length
+        train, held_out = pack(train, block), pack(held_out, block)
+    pad_id = tokenizer.pad_token_id
+    return loop.Task(
+        name=STAGE,
+        train=train,
+        eval=held_out,
+        collate=lambda examples: collate(examples, pad_id),
+        count=target_count,
+        sums=batch_sums,
+        summarize=summarize,
+        live=("loss", "lr"),
+        size=lambda example: len(example["input_ids"]),
+        fingerprint={"train_examples": len(train), "model": str(config.model), "packing": bool(config.packing)},
+    )
+
+
+def _response(record: dict) -> str:
+    """The demonstration: ``chosen`` of a preference record, or a record's ``completion``."""
+    for key in ("chosen", "completion", "response"):
+        value = record.get(key)
+        if isinstance(value, str) and value:
+            return value
+    raise UserError(f"a record has no response to imitate (expected 'chosen' or 'completion'): keys {sorted(record)}")
+
+
+def run(config: Any) -> dict[str, Any]:
+    """Fine-tune ``config.model`` and write ``sft/`` into the run directory; returns final metrics."""
+    from ..models import load_causal_lm, load_tokenizer
+
+    common.start(config)
+    run_dir = RunDir(config.run_dir)
+    train = common.load_split(config, "sft", config.max_records)
+    held_out = common.load_split(config, "eval", config.eval_records, report=False)
+    tokenizer = load_tokenizer(config.model, padding_side="right")
+    task = build_task(config, tokenizer, train.records, held_out.records)
+    steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
+    model = load_causal_lm(config.model, dtype="fp32")
+    engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
+    checkpoint_dir = run_dir.stage_dir(STAGE) / "checkpoints"
+    resume_from = loop.resume_point(config, checkpoint_dir, common.say)
+    inputs = common.inputs_entry(config, str(config.model), train, held_out, train_examples=len(task.train))
+    common.record(run_dir, STAGE, config, inputs, None, status="running")
+    monitor = Monitor(run_dir, STAGE, total_steps=steps, start_step=loop.resume_step(resume_from), enabled=eng.is_main())
+    try:
+        result = loop.fit(
+            task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,
+            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
+        )  # fmt: skip
+    finally:
+        monitor.close()
+    out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer)
+    monitor.plot("loss", title=f"SFT loss ({config.model})")
+    metrics = final_metrics(result)
+    common.record(run_dir, STAGE, config, inputs, metrics, status="finished")
+    common.say(_summary_line(out, metrics))
+    return metrics
+
+
+def final_metrics(result: loop.FitResult) -> dict[str, Any]:
+    metrics: dict[str, Any] = {"steps": result.steps, "train_loss": result.train.get("loss")}
+    if result.eval:
+        metrics.update(eval_loss=result.eval["loss"], eval_ppl=result.eval["ppl"])
+    if result.seconds_per_step is not None:
+        metrics["seconds_per_step"] = round(result.seconds_per_step, 4)
+    if result.resumed_from is not None:
+        metrics["resumed_from_step"] = result.resumed_from
+    return metrics
+
+
+def _summary_line(out, metrics: dict) -> str:
+    parts = [f"sft: wrote {out}", f"{metrics['steps']} steps"]
+    if metrics.get("train_loss") is not None:
+        parts.append(f"train loss {metrics['train_loss']:.4f}")
+    if "eval_loss" in metrics:
+        parts.append(f"eval loss {metrics['eval_loss']:.4f} (ppl {metrics['eval_ppl']:.2f})")
+    return ", ".join(parts)

@@ -1,0 +1,88 @@
+"""The PPO update: epochs over shuffled minibatches, actor and critic each one step per minibatch.
+
+The engines only need ``engine(...)`` (forward), ``engine.backward(loss)`` and
+``engine.step()``: DeepSpeed engines have exactly that, and so does any small adapter around
+a torch optimizer (the tests use one). A minibatch is split into micro-batches; the engine
+accumulates their gradients and steps the optimizer once per minibatch (DeepSpeed does this
+when ``gradient_accumulation_steps`` = micro-batches per minibatch, scaling each loss by
+1/steps itself). Gradient clipping is the engine's (``max_grad_norm``).
+
+Losses are the macro ones (ma-ppo.md §5): every token carries its segment's advantage and
+return; ``ratio="macro"`` uses one ratio per segment. Each micro-batch's loss is a mean over
+its own real tokens (with one micro-batch per minibatch: over the minibatch's tokens).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from ..macro import masked_mean, policy_loss, value_loss
+from .forward import critic_values, policy_forward
+
+
+@dataclass
+class UpdateSettings:
+    epochs: int = 1
+    mini_batch_size: int = 32  # per process
+    micro_batch_size: int = 32  # per process; mini_batch_size is a multiple of it
+    clip_range: float = 0.2
+    value_clip_range: float = 0.2
+    ratio: str = "token"
+    temperature: float = 0.8
+
+
+def _select(experience, index: torch.Tensor) -> dict[str, torch.Tensor]:
+    keep = {
+        "sequences": experience.sequences, "attention_mask": experience.attention_mask,
+        "mask": experience.mask, "old_logp": experience.old_logp, "values": experience.values,
+        "advantages": experience.advantages, "returns": experience.returns,
+        "segment_ids": experience.segment_ids,
+    }
+    return {key: value[index] for key, value in keep.items()}
+
+
+def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator: torch.Generator | None = None) -> dict[str, float]:
+    """Run the PPO epochs on one Experience; return mean losses and diagnostics."""
+    size = experience.batch_size
+    prompt_length = experience.prompt_length
+    sums: dict[str, float] = defaultdict(float)
+    count = 0
+    for model in (actor, critic):
+        model.train()
+    for _ in range(settings.epochs):
+        order = torch.randperm(size, generator=generator).to(experience.mask.device)
+        for start in range(0, size, settings.mini_batch_size):
+            minibatch = order[start : start + settings.mini_batch_size]
+            for micro_start in range(0, len(minibatch), settings.micro_batch_size):
+                part = _select(experience, minibatch[micro_start : micro_start + settings.micro_batch_size])
+                mask = part["mask"]
+
+                logp, entropy = policy_forward(
+                    actor, part["sequences"], part["attention_mask"], prompt_length,
+                    settings.temperature, with_entropy=True,
+                )
+                actor_loss, actor_stats = policy_loss(
+                    logp, part["old_logp"], part["advantages"], mask,
+                    clip=settings.clip_range, ratio=settings.ratio, segment_ids=part["segment_ids"],
+                )
+                actor.backward(actor_loss)
+                actor.step()
+
+                values = critic_values(critic, part["sequences"], part["attention_mask"], prompt_length)
+                critic_loss, critic_stats = value_loss(
+                    values, part["values"], part["returns"], mask, clip=settings.value_clip_range
+                )
+                critic.backward(critic_loss)
+                critic.step()
+
+                sums["policy_loss"] += float(actor_loss.detach())
+                sums["value_loss"] += float(critic_loss.detach())
+                sums["clip_fraction"] += float(actor_stats["clip_fraction"])
+                sums["approx_kl"] += float(actor_stats["approx_kl"])
+                sums["value_clip_fraction"] += float(critic_stats["clip_fraction"])
+                sums["entropy"] += float(masked_mean(entropy, mask))
+                count += 1
+    return {key: value / max(count, 1) for key, value in sums.items()}

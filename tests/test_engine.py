@@ -1,0 +1,249 @@
+"""DeepSpeed engine: config templates, schedule, relaunch, checkpoints, and multi-process ZeRO.
+
+The multi-process test runs ``marlhf sft --nproc 2`` (torchrun, gloo, CPU) with ZeRO-2 and
+ZeRO-3 and compares the loss trajectory with one process doing the same global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _toy_prefs import write_toy_preferences
+from marlhf_cli import engine as eng
+from marlhf_cli.config import EngineConfig, SFTConfig
+from marlhf_cli.errors import UserError
+
+
+def _engine_config(**overrides) -> SFTConfig:
+    return SFTConfig(**overrides)
+
+
+@pytest.fixture(scope="module")
+def toy_preferences(tmp_path_factory) -> Path:
+    return write_toy_preferences(tmp_path_factory.mktemp("toy") / "prefs.jsonl")
+
+
+# ---------------------------------------------------------------------------------------
+# configuration
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_templates_fill_every_auto(stage):
+    config = _engine_config(zero_stage=stage, gradient_accumulation_steps=2, max_grad_norm=0.5)
+    ds = eng.deepspeed_config(config, batch_size=16, processes=2, hidden_size=64)
+    assert "auto" not in json.dumps(ds)
+    assert ds["train_batch_size"] == 16
+    assert ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_accumulation_steps"] == 2
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["zero_optimization"]["stage"] == stage
+    assert ds["bf16"]["enabled"] is False
+
+
+def test_bf16_and_offload_are_filled():
+    config = _engine_config(zero_stage=3, dtype="bf16", offload_optimizer=True, offload_params=True)
+    ds = eng.deepspeed_config(config, batch_size=4, processes=1)
+    assert ds["bf16"]["enabled"] is True
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "overrides, batch, message",
+    [
+        (dict(dtype="fp16"), 4, "not supported on the CPU"),
+        (dict(zero_stage=4), 4, "--zero-stage"),
+        (dict(offload_params=True, zero_stage=2), 4, "--offload-params needs --zero-stage 3"),
+        (dict(offload_optimizer=True), 4, "--offload-optimizer needs"),
+        (dict(lr_scheduler="step"), 4, "--lr-scheduler"),
+        (dict(gradient_accumulation_steps=3), 4, "multiple of gradient_accumulation_steps x processes"),
+    ],
+)
+def test_bad_engine_options_are_one_line_user_errors(overrides, batch, message):
+    with pytest.raises(UserError) as err:
+        eng.deepspeed_config(_engine_config(**overrides), batch_size=batch, processes=1)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_engine_config_fields_are_shared_by_training_stages():
+    from marlhf_cli.config import PPOConfig, RMConfig
+
+    names = set(EngineConfig.__dataclass_fields__)
+    for cls in (SFTConfig, RMConfig, PPOConfig):
+        assert names <= set(cls.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_warmup_then_decay_to_zero(kind):
+    schedule = eng.WarmupDecay(total_steps=10, warmup_steps=2, kind=kind)
+    values = [schedule(step) for step in range(11)]
+    assert values[0] < values[1] < values[2] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(values[2:], values[3:]))
+    assert values[10] == pytest.approx(0.0, abs=1e-12)
+    if kind == "cosine":
+        assert values[6] == pytest.approx(0.5)
+
+
+def test_optimizer_is_torch_adamw_without_decay_on_norms_and_biases():
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = eng.build_optimizer(module, lr=1e-3, weight_decay=0.1)
+    assert type(optimizer) is torch.optim.AdamW
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and all(p.ndim == 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and all(p.ndim == 1 for p in plain["params"])
+
+
+# ---------------------------------------------------------------------------------------
+# processes
+
+
+def test_nproc_relaunch_command_strips_nproc():
+    argv = ["sft", "--nproc", "2", "--zero-stage", "3", "--nproc=4", "--model", "tiny"]
+    assert eng.strip_nproc(argv) == ["sft", "--zero-stage", "3", "--model", "tiny"]
+    command = eng.relaunch_command(2, argv)
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[command.index("--nproc_per_node") + 1] == "2"
+    assert command[-7:] == ["-m", "marlhf_cli.cli", "sft", "--zero-stage", "3", "--model", "tiny"]
+
+
+def test_single_process_variables_do_not_leak_into_children(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", eng.SELF_LAUNCHED):
+        monkeypatch.delenv(name, raising=False)
+    assert not eng.launched()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert eng.launched()  # a real launcher's variables
+    monkeypatch.setenv(eng.SELF_LAUNCHED, "1")
+    assert not eng.launched()  # ours
+    assert "RANK" not in eng.launcher_free_env()
+    assert eng.maybe_relaunch(1) is None
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoints (in this process, one rank)
+
+
+def _tiny_engine(seed=0, **overrides):
+    import torch
+
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    config = _engine_config(warmup_ratio=0.25, **overrides)
+    return eng.build_engine(module, config, lr=1e-2, batch_size=4, total_steps=8)
+
+
+def _train(engine, steps, start=0):
+    import torch
+
+    for step in range(start, start + steps):
+        generator = torch.Generator().manual_seed(step)
+        x = torch.randn(4, 8, generator=generator)
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_checkpoint_resume_matches_uninterrupted(tmp_path, stage):
+    """Save at step 3, train on; a fresh engine that loads step 3 ends with the same weights."""
+    import torch
+
+    from marlhf_cli import checkpoints
+
+    straight = _tiny_engine(zero_stage=stage)
+    _train(straight, 3)
+    checkpoints.save_checkpoint(straight, tmp_path / "ckpt", 3, {"position": 3})
+    _train(straight, 3, start=3)
+
+    resumed = _tiny_engine(seed=99, zero_stage=stage)  # different init: the checkpoint must overwrite it
+    found = checkpoints.latest_checkpoint(tmp_path / "ckpt")
+    assert found is not None and found.name == "step-000003"
+    state = checkpoints.load_checkpoint(resumed, found)
+    assert state["position"] == 3 and state["step"] == 3
+    assert resumed.lr_scheduler.last_epoch == 3
+    _train(resumed, 3, start=3)
+    with eng.gathered_params(straight), eng.gathered_params(resumed):
+        for a, b in zip(straight.module.parameters(), resumed.module.parameters()):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_checkpoints_are_complete_or_ignored(tmp_path):
+    from marlhf_cli import checkpoints
+
+    engine = _tiny_engine()
+    root = tmp_path / "ckpt"
+    checkpoints.save_checkpoint(engine, root, 2, {})
+    checkpoints.save_checkpoint(engine, root, 4, {}, keep=1)
+    assert [p.name for p in checkpoints.list_checkpoints(root)] == ["step-000004"]
+    assert (root / "latest").read_text().strip() == "step-000004"
+    # a half-written checkpoint (killed before trainer_state.json) and a staging folder are ignored
+    (root / "step-000006").mkdir()
+    (root / ".tmp-step-000008" / "step-000008").mkdir(parents=True)
+    assert checkpoints.latest_checkpoint(root).name == "step-000004"
+    # 'latest' lost (killed between rename and pointer update): the highest complete one wins
+    (root / "latest").unlink()
+    assert checkpoints.latest_checkpoint(root).name == "step-000004"
+
+
+# ---------------------------------------------------------------------------------------
+# several processes: ZeRO-2 and ZeRO-3 over torchrun + gloo
+
+
+def _child_env() -> dict:
+    env = eng.launcher_free_env()
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    return env
+
+
+def _sft(run_dir: Path, data: Path, *extra: str, in_process: bool = False) -> list[dict]:
+    command = [
+        sys.executable, "-m", "marlhf_cli.cli", "sft", "--model", "tiny", "--dataset", str(data),
+        "--run-dir", str(run_dir), "--batch-size", "4", "--max-steps", "4", "--lr", "3e-3",
+        "--max-prompt-length", "24", "--max-response-length", "12", "--eval-every", "2",
+        "--eval-records", "6", "--save-every", "0", "--seed", "3", *extra,
+    ]  # fmt: skip
+    if in_process:  # no second interpreter start-up (imports take most of a tiny run)
+        from typer.testing import CliRunner
+
+        from marlhf_cli.cli import app
+
+        result = CliRunner().invoke(app, command[3:])
+        assert result.exit_code == 0, result.output
+    else:
+        done = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics" / "sft.jsonl").read_text().splitlines()]
+    return rows
+
+
+@pytest.mark.slow
+def test_two_processes_zero2_zero3_match_one_process(tmp_path, toy_preferences):
+    """Same global batch of 4 sequences, split three ways, same losses step by step:
+    1 process x micro-batch 4 == 1 process x 2 accumulation steps x 2 == 2 processes x 2
+    (ZeRO-2 and ZeRO-3 over torchrun + gloo, started by ``--nproc 2``)."""
+    single = _sft(tmp_path / "one", toy_preferences, in_process=True)
+    train = [r["loss"] for r in single if r["split"] == "train"]
+    held_out = [r["loss"] for r in single if r["split"] == "eval"]
+    assert len(train) == 4 and len(held_out) == 2
+    assert train[-1] < train[0]  # it learns, so the comparison is not between constants
+    accumulated = _sft(tmp_path / "accumulated", toy_preferences, "--gradient-accumulation-steps", "2", in_process=True)
+    assert [r["loss"] for r in accumulated if r["split"] == "train"] == pytest.approx(train, rel=1e-4, abs=1e-4)
+    for stage in ("2", "3"):
+        rows = _sft(tmp_path / f"zero{stage}", toy_preferences, "--nproc", "2", "--zero-stage", stage)
+        other_train = [r["loss"] for r in rows if r["split"] == "train"]
+        other_eval = [r["loss"] for r in rows if r["split"] == "eval"]
+        assert other_train == pytest.approx(train, rel=1e-4, abs=1e-4), f"ZeRO-{stage}"
+        assert other_eval == pytest.approx(held_out, rel=1e-4, abs=1e-4), f"ZeRO-{stage}"
+        manifest = json.loads((tmp_path / f"zero{stage}" / "run.json").read_text())
+        assert manifest["stages"]["sft"]["inputs"]["processes"] == 2
+        assert math.isfinite(manifest["stages"]["sft"]["metrics"]["eval_loss"])

@@ -1,0 +1,193 @@
+"""``marlhf ppo`` end to end on the tiny model: every termination rule and value function for
+two steps, the artifacts they leave, the CLI with the cpu-tiny preset, and comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from marlhf_cli import config as config_module
+from marlhf_cli.artifacts import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(
+    policy="tiny", reward_model="tiny", dataset="tldr", rollout_batch_size=4, mini_batch_size=2,
+    max_new_tokens=8, max_prompt_length=48, max_steps=2, eval_every=1, eval_prompts=2, save_every=0,
+    actor_lr=1e-3, critic_lr=1e-3,
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: the tiny model's ops are too small to split, and on a busy 2-core
+    machine two OpenMP threads per process run several times slower than one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_config(run_dir, **overrides):
+    return config_module.resolve("ppo", flags={**SMALL, "run_dir": str(run_dir), **overrides})
+
+
+def _parsing_available() -> bool:
+    try:
+        import spacy  # noqa: F401
+
+        return spacy.util.is_package("en_core_web_sm") or bool(spacy.util.get_installed_models())
+    except Exception:
+        return False
+
+
+CASES = [
+    pytest.param(dict(termination="fixed", n=1), "vanilla", id="fixed-n1-vanilla"),
+    pytest.param(dict(termination="fixed", n=3, value_function="unit"), "fixed3-unit", id="fixed3-unit"),
+    pytest.param(dict(termination="randomized", value_function="position"), "randomized-position", id="randomized-position"),
+    pytest.param(dict(termination="ppl", value_function="first"), "ppl-first", id="ppl-first"),
+    pytest.param(dict(termination="code", ratio="macro", whiten_advantages=True), "code-macro-ratio", id="code-macro"),
+    pytest.param(
+        dict(termination="parsing", kl_estimator="k3", missing_eos_penalty=1.0), "parsing", id="parsing",
+        marks=pytest.mark.skipif(not _parsing_available(), reason="spaCy's English model is not installed"),
+    ),
+    pytest.param(dict(termination="fixed", n="inf"), "fixed-inf", id="fixed-inf"),
+]
+
+
+@pytest.mark.parametrize("overrides, name", CASES)
+def test_two_steps_of_every_rule_and_value_function(tmp_path, overrides, name):
+    from marlhf_cli.train import ppo
+
+    metrics = ppo.run(small_config(tmp_path, **overrides))
+    run = tmp_path
+    rows = read_jsonl(run / "metrics" / f"ppo-{name}.jsonl")
+    train = [r for r in rows if r["split"] == "train"]
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    for row in train:
+        for key in ("score", "reward", "kl", "policy_loss", "value_loss", "clip_fraction", "entropy",
+                    "response_length", "generation_time", "training_time", "tokens_per_second",
+                    "segment_length", "parse_fallbacks", "actor_lr"):  # fmt: skip
+            assert key in row and row[key] is not None and math.isfinite(row[key]), key
+        assert 1 <= row["segment_length"] <= row["response_length"]
+    if name == "vanilla":
+        assert all(r["segment_length"] == 1 for r in train)
+    if name == "fixed-inf":
+        assert all(r["segments_per_response"] == 1 for r in train)
+    if name.startswith("fixed3"):
+        assert all(r["segment_length"] <= 3 for r in train)
+    samples = read_jsonl(run / "samples" / f"{name}.jsonl")
+    assert len(samples) == 2 and set(samples[0]) >= {"prompt", "response", "score", "length"}
+    assert (run / "ppo" / name / "config.json").is_file() and (run / "ppo" / name / "critic" / "config.json").is_file()
+    for metric in ("score", "kl"):
+        assert (run / "plots" / f"ppo-{name}-{metric}.png").stat().st_size > 1000
+    assert list((run / "tb" / f"ppo-{name}").iterdir())
+    manifest = json.loads((run / "run.json").read_text())
+    entry = manifest["stages"][f"ppo/{name}"]
+    assert entry["status"] == "finished" and entry["metrics"]["steps"] == 2
+    assert metrics["eval_score"] == evals[-1]["score"]
+
+
+def test_trained_policy_loads_without_deepspeed(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from marlhf_cli.train import ppo
+
+    ppo.run(small_config(tmp_path, name="loadable", max_steps=1, eval_prompts=0))
+    AutoModelForCausalLM.from_pretrained(tmp_path / "ppo" / "loadable")
+    AutoModelForSequenceClassification.from_pretrained(tmp_path / "ppo" / "loadable" / "critic", num_labels=1)
+
+
+def test_missing_sft_is_a_one_line_error_naming_the_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    result = CliRunner().invoke(app, ["ppo", "--run-dir", str(tmp_path), "--max-steps", "1"])
+    assert result.exit_code == 2
+    assert "marlhf sft" in result.output and "Traceback" not in result.output
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    runner = CliRunner()
+    for args, needle in (
+        (["--termination", "sentences"], "--termination"),
+        (["--rollout-batch-size", "6", "--mini-batch-size", "4"], "multiple of --mini-batch-size"),
+        (["--value-function", "median"], "--value-function"),
+    ):
+        result = runner.invoke(app, ["ppo", "--run-dir", str(tmp_path), "--policy", "tiny", "--reward-model", "tiny", *args])
+        assert result.exit_code == 2, result.output
+        assert needle in result.output
+
+
+def test_cli_with_cpu_tiny_preset_prints_the_final_table_and_compare_draws_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    runner = CliRunner()
+    base = ["ppo", "--preset", "cpu-tiny", "--run-dir", str(tmp_path), "--policy", "tiny", "--reward-model", "tiny",
+            "--max-steps", "2", "--eval-every", "1", "--eval-prompts", "2", "--max-new-tokens", "6"]  # fmt: skip
+    first = runner.invoke(app, base)
+    assert first.exit_code == 0, first.output
+    assert "final evaluation" in first.output and "fixed5" in first.output
+    assert "MA-PPO" in first.output
+    second = runner.invoke(app, [*base, "--termination", "fixed", "--n", "1"])
+    assert second.exit_code == 0, second.output
+    assert "vanilla PPO" in second.output
+    compared = runner.invoke(app, ["ppo", "--compare", "fixed5", "vanilla", "--run-dir", str(tmp_path)])
+    assert compared.exit_code == 0, compared.output
+    assert (tmp_path / "plots" / "ppo-compare-fixed5-vanilla.png").stat().st_size > 1000
+    missing = runner.invoke(app, ["ppo", "--compare", "nosuchrun", "--run-dir", str(tmp_path)])
+    assert missing.exit_code == 2 and "nosuchrun" in missing.output
+
+
+def test_zero3_samples_with_a_whole_copy_kept_in_step_with_the_actor(tmp_path):
+    """ZeRO-3 shards the actor; sampling uses a plain copy refreshed from the gathered shards."""
+    import torch
+
+    from marlhf_cli import engine as eng
+    from marlhf_cli.train import ppo
+
+    config = small_config(tmp_path, zero_stage=3, max_steps=1, eval_prompts=0)
+    eng.init_distributed()
+    models = ppo.build_models(config, "tiny", "tiny", None)
+    assert models.sampler.copy is not None
+    records = [{"prompt": f"prompt number {i}"} for i in range(8)]
+    ctx = ppo.Context(
+        config=config, models=models, rule=ppo.credit.make_rule(config),
+        schedule=ppo.PromptSchedule(records, 4, 0),
+        rollout=ppo.RolloutSettings.from_config(config, forward_batch_size=2),
+        update=ppo.UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=config.temperature),
+    )  # fmt: skip
+    metrics = ppo.ppo_step(ctx, 0)
+    assert math.isfinite(metrics["policy_loss"]) and metrics["kl"] == 0.0
+    copy = models.sampler.model()
+    with eng.gathered_params(models.actor):
+        actor = {name: p.detach().clone() for name, p in models.actor.module.named_parameters()}
+    changed = False
+    for name, param in copy.named_parameters():
+        assert torch.equal(param, actor[name]), name
+        changed |= not torch.equal(param, models.reference.get_parameter(name))
+    assert changed, "the copy should hold the updated weights, not the initial ones"
+
+
+def test_apps_reward_plugs_in_and_the_critic_starts_from_the_policy(tmp_path):
+    from marlhf_cli.train import ppo
+
+    config = small_config(tmp_path, dataset="apps", reward_model=None, max_steps=1, eval_prompts=0, max_new_tokens=6)
+    assert ppo.reward_kind(config) == "apps" and ppo.model_sources(config, None) == ("tiny", "tiny")
+    ppo.run(config)
+    entry = json.loads((tmp_path / "run.json").read_text())["stages"]["ppo/fixed5"]
+    assert entry["inputs"]["reward"] == "apps-tests"
+    assert -1.0 <= entry["metrics"]["score"] <= 1.0

@@ -1,0 +1,74 @@
+"""PPO and MA-PPO learn: a synthetic reward the tiny model can pick up on a 2-core CPU.
+
+Reward (:class:`TokenFractionReward`, given once at the end like a reward model's score):
+the fraction of response tokens in a target set, the 10% of the vocabulary whose (tied)
+embedding points most along a fixed random direction u. A random policy scores about 0.1;
+a policy whose final hidden state turns towards u raises every target token at once, so the
+task is learnable in tens of steps, and the best policy (only target tokens) scores 1. The test
+asserts that the reward rises well above its start, not how fast.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from marlhf_cli import config as config_module
+from marlhf_cli.artifacts import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+STEPS = 80
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see test_ppo_e2e.one_thread
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    """Short prompt/completion rows (the PPO split gets about a third of them)."""
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    topics = ["cats", "rain", "maths", "trains", "music", "bread", "the sea", "chess", "snow", "bees"]
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(120):
+            row = {"prompt": f"Tell me about {topics[i % 10]}, item {i}:", "completion": " ok"}
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+def target_reward():
+    from marlhf_cli.models import load_causal_lm, load_tokenizer
+    from marlhf_cli.train.rewards import TokenFractionReward
+
+    embedding = load_causal_lm("tiny").get_input_embeddings().weight.detach()
+    direction = torch.randn(embedding.shape[1], generator=torch.Generator().manual_seed(0))
+    projection = embedding @ direction
+    targets = torch.topk(projection, k=len(projection) // 10).indices
+    return TokenFractionReward(targets, eos_token_id=load_tokenizer("tiny").eos_token_id, name="target-tokens")
+
+
+@pytest.mark.parametrize("termination, n, name", [("fixed", 1, "vanilla"), ("fixed", 5, "fixed5")])
+def test_reward_rises_well_above_its_start(tmp_path, prompts_file, termination, n, name):
+    from marlhf_cli.train import ppo
+
+    config = config_module.resolve("ppo", flags=dict(
+        run_dir=str(tmp_path), policy="tiny", reward_model="tiny", dataset=str(prompts_file),
+        termination=termination, n=n, rollout_batch_size=16, mini_batch_size=16, max_new_tokens=8,
+        max_prompt_length=16, temperature=1.0, top_k=0, kl_coef=0.0, actor_lr=2e-2, critic_lr=2e-2,
+        max_steps=STEPS, eval_every=0, eval_prompts=16, save_every=0, seed=0,
+    ))  # fmt: skip
+    ppo.run(config, reward_fn=target_reward())
+    rows = [r for r in read_jsonl(tmp_path / "metrics" / f"ppo-{name}.jsonl") if r["split"] == "train"]
+    scores = [r["score"] for r in rows]
+    start = sum(scores[:5]) / 5
+    end = sum(scores[-5:]) / 5
+    print(f"{name}: mean score of the first 5 steps {start:.3f}, of the last 5 {end:.3f}")
+    assert start < 0.25
+    assert end > start + 0.3, scores

@@ -1,0 +1,94 @@
+"""``marlhf ppo`` as a user runs it: SIGKILL then --resume reproduces the uninterrupted run,
+and a two-process ZeRO-2 run works (both through the real command line, in subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from marlhf_cli.artifacts import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+NAME = "randomized"
+VOLATILE = ("time", "step_time", "generation_time", "scoring_time", "credit_time", "training_time", "tokens_per_second")
+
+
+def command(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "marlhf_cli.cli", "ppo", "--run-dir", str(run_dir),
+        "--policy", "tiny", "--reward-model", "tiny", "--termination", "randomized",
+        "--rollout-batch-size", "4", "--mini-batch-size", "2", "--ppo-epochs", "2",
+        "--max-new-tokens", "8", "--max-prompt-length", "48", "--actor-lr", "1e-3", "--critic-lr", "1e-3",
+        "--max-steps", "8", "--save-every", "2", "--eval-every", "3", "--eval-prompts", "2", "--seed", "3", *extra,
+    ]  # fmt: skip
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    rows = read_jsonl(run_dir / "metrics" / f"ppo-{NAME}.jsonl")
+    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = subprocess.run(command(straight), env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    proc = subprocess.Popen(
+        command(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    critic = killed / "ppo" / NAME / "checkpoints" / "critic" / "latest"
+    deadline = time.time() + 240
+    try:
+        while not critic.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (killed / "ppo" / NAME / "config.json").exists()
+
+    resumed = subprocess.run(command(killed, "--resume"), env=environment(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step" in resumed.stderr
+    assert metrics(killed) == metrics(straight)
+    assert read_jsonl(killed / "samples" / f"{NAME}.jsonl") == read_jsonl(straight / "samples" / f"{NAME}.jsonl")
+
+
+def test_resume_refuses_a_checkpoint_written_with_other_options(tmp_path):
+    first = subprocess.run(
+        command(tmp_path, "--max-steps", "3", "--save-every", "1", "--eval-prompts", "0"),
+        env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    other = subprocess.run(
+        command(tmp_path, "--max-steps", "3", "--rollout-batch-size", "8", "--resume", "--eval-prompts", "0"),
+        env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert other.returncode == 2
+    assert "rollout_batch_size" in other.stderr and "Traceback" not in other.stderr
+
+
+def test_two_processes_with_zero2(tmp_path):
+    result = subprocess.run(
+        command(tmp_path, "--nproc", "2", "--zero-stage", "2", "--max-steps", "2", "--save-every", "0", "--eval-every", "1"),
+        env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es)" in result.stderr
+    rows = read_jsonl(tmp_path / "metrics" / f"ppo-{NAME}.jsonl")
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2]
+    assert len(read_jsonl(tmp_path / "samples" / f"{NAME}.jsonl")) == 2
+    assert (tmp_path / "ppo" / NAME / "config.json").is_file()

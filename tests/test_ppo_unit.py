@@ -1,0 +1,314 @@
+"""PPO's rollout and update on the tiny model, without DeepSpeed: placement of rewards, KL,
+position ids, sampling, and one vanilla step against a hand-written token-level PPO step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from marlhf_cli.macro import TerminationRule
+from marlhf_cli.train import credit
+from marlhf_cli.train.experience import (
+    RolloutSettings,
+    final_scores,
+    kl_per_token,
+    make_experience,
+    place_rewards,
+    tokenize_prompts,
+)
+from marlhf_cli.train.forward import TokenValues, critic_values, policy_forward, position_ids_from_mask
+from marlhf_cli.train.rewards import ScoringBatch, TokenFractionReward
+from marlhf_cli.train.sampling import SamplingParams, filter_logits, response_mask, sample
+from marlhf_cli.train.update import UpdateSettings, ppo_update
+
+EOS = 2
+PAD = 2  # SmolLM2 pads with its EOS: masks must never be derived from pad ids
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: the tiny model's ops are too small to split, and on a busy 2-core
+    machine two OpenMP threads per process run several times slower than one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models():
+    pytest.importorskip("gguf")
+    from marlhf_cli.models import load_causal_lm, load_reward_model, load_tokenizer
+
+    return {
+        "tokenizer": load_tokenizer("tiny", padding_side="left"),
+        "actor": load_causal_lm("tiny"),
+        "reference": load_causal_lm("tiny"),
+        "critic": TokenValues(load_reward_model("tiny")),
+    }
+
+
+class LastTokenReward:
+    """A reward that remembers what it saw: score = 1 + row index."""
+
+    name = "stub"
+
+    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
+        self.batch = batch
+        return torch.arange(batch.sequences.shape[0], dtype=torch.float32) + 1.0
+
+
+# ---------------------------------------------------------------------------------------
+# masks and reward placement
+
+
+def test_response_mask_ends_at_first_eos_even_when_pad_is_eos():
+    ids = torch.tensor([
+        [5, 6, EOS, PAD, PAD],  # EOS then padding (pad id == EOS id)
+        [5, 6, 7, 8, 9],  # cut at max length: no EOS, real to its end
+        [5, 6, 7, 8, EOS],  # EOS in the last column
+        [EOS, PAD, PAD, PAD, PAD],  # empty answer: just EOS
+    ])  # fmt: skip
+    mask, has_eos = response_mask(ids, EOS)
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert has_eos.tolist() == [True, False, True, True]
+
+
+def test_score_lands_on_the_last_real_token_for_eos_no_eos_and_padded_rows():
+    ids = torch.tensor([[5, 6, EOS, PAD, PAD], [5, 6, 7, 8, 9], [5, 6, 7, 8, EOS]])
+    mask, _ = response_mask(ids, EOS)
+    kl = torch.full(ids.shape, 0.5)
+    scores = torch.tensor([1.0, 2.0, 3.0])
+    rewards = place_rewards(kl, scores, mask, kl_coef=0.1)
+    expected = torch.tensor([
+        [-0.05, -0.05, -0.05 + 1.0, 0.0, 0.0],  # on the EOS, not on the first padding
+        [-0.05, -0.05, -0.05, -0.05, -0.05 + 2.0],  # no EOS: the final column
+        [-0.05, -0.05, -0.05, -0.05, -0.05 + 3.0],
+    ])  # fmt: skip
+    assert torch.allclose(rewards, expected)
+
+
+def test_scores_are_clipped_then_penalised_for_a_missing_eos():
+    raw = torch.tensor([10.0, -10.0, 0.5])
+    has_eos = torch.tensor([True, False, False])
+    assert final_scores(raw, has_eos, 5.0, None).tolist() == [5.0, -5.0, 0.5]
+    assert final_scores(raw, has_eos, 5.0, 1.0).tolist() == [5.0, -6.0, -0.5]
+
+
+def test_kl_estimators():
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0])
+    assert torch.allclose(kl_per_token(logp, ref, "k1"), torch.tensor([0.5, 0.0]))
+    k3 = kl_per_token(logp, ref, "k3")
+    assert torch.allclose(k3, torch.tensor([torch.exp(torch.tensor(-0.5)) - 1 + 0.5, 0.0]))
+    assert (k3 >= 0).all()
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, 2, 1.0)[0, 2:]).all()
+    kept = ~torch.isinf(filter_logits(logits, 0, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
+
+
+# ---------------------------------------------------------------------------------------
+# the rollout on the tiny model
+
+
+def test_rollout_places_score_at_last_real_token_and_kl_is_zero_for_identical_models(models):
+    torch.manual_seed(0)
+    reward = LastTokenReward()
+    settings = RolloutSettings(max_new_tokens=12, max_prompt_length=32, kl_coef=0.05, top_k=0)
+    prompts = ["a short prompt", "a somewhat longer prompt, so the batch is left padded"]
+    exp = make_experience(
+        models["actor"], models["reference"], models["critic"], reward, models["tokenizer"],
+        prompts, [{}, {}], settings,
+    )  # fmt: skip
+    # actor and reference are the same weights: old and ref log-probs agree exactly
+    assert torch.equal(exp.old_logp, exp.ref_logp)
+    assert exp.kl.abs().max() == 0
+    last = exp.mask.sum(dim=1) - 1
+    for row in range(2):
+        nonzero = exp.rewards[row].nonzero().flatten().tolist()
+        assert nonzero == [int(last[row])]
+        assert exp.rewards[row, last[row]] == row + 1.0
+    assert (exp.values[exp.mask == 0] == 0).all() and (exp.old_logp[exp.mask == 0] == 0).all()
+    # the reward function saw [left-padded prompt | response], masks aligned
+    assert reward.batch.attention_mask[:, : exp.prompt_length].sum(1).tolist() == [
+        len(models["tokenizer"](p)["input_ids"]) for p in prompts
+    ]
+
+
+def test_rollout_with_a_forced_eos_places_the_score_on_it(models):
+    """A model that always says EOS after the first token: mask [1, 1, 0, ...] and reward at 1."""
+    torch.manual_seed(0)
+    tok = models["tokenizer"]
+    actor = copy.deepcopy(models["actor"])
+    with torch.no_grad():
+        actor.lm_head.weight = torch.nn.Parameter(actor.lm_head.weight.clone())  # untie
+        actor.lm_head.weight[EOS] = 0
+        actor.lm_head.weight[EOS, :] = actor.lm_head.weight.abs().max() * 50  # huge EOS logit
+        actor.model.norm.weight.fill_(1.0)
+    prompt_ids, prompt_mask = tokenize_prompts(tok, ["hello", "hello there"], 16, "cpu")
+    ids = sample(actor, prompt_ids, prompt_mask, SamplingParams(1.0, 0, 1.0, 8), eos_token_id=EOS, pad_token_id=PAD)
+    mask, has_eos = response_mask(ids, EOS)
+    assert has_eos.all() and (mask.sum(1) >= 1).all()
+    rewards = place_rewards(torch.zeros(mask.shape), torch.tensor([1.0, 2.0]), mask, 0.0)
+    for row in range(2):
+        eos_at = int((ids[row] == EOS).nonzero()[0])
+        assert rewards[row].nonzero().flatten().tolist() == [eos_at]
+
+
+def test_position_ids_make_left_padding_invisible(models):
+    tok, actor, critic = models["tokenizer"], models["actor"], models["critic"]
+    short = tok("one two three", add_special_tokens=False)["input_ids"]
+    response = tok(" four five six", add_special_tokens=False)["input_ids"]
+    alone = torch.tensor([short + response])
+    padded = torch.tensor([[PAD] * 5 + short + response])
+    mask_alone = torch.ones_like(alone)
+    mask_padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones_like(alone)], dim=1)
+    assert position_ids_from_mask(mask_padded)[0, 5:].tolist() == list(range(alone.shape[1]))
+    with torch.no_grad():
+        a, _ = policy_forward(actor, alone, mask_alone, len(short), 0.8)
+        b, _ = policy_forward(actor, padded, mask_padded, len(short) + 5, 0.8)
+        va = critic_values(critic, alone, mask_alone, len(short))
+        vb = critic_values(critic, padded, mask_padded, len(short) + 5)
+    assert torch.allclose(a, b, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
+
+
+def test_sampling_uses_the_same_positions_and_transform_as_the_logprob_forward(models):
+    """Greedy sampling (top-k 1) with the KV cache picks the argmax of the full forward."""
+    torch.manual_seed(0)
+    tok, actor = models["tokenizer"], models["actor"]
+    prompt_ids, prompt_mask = tokenize_prompts(tok, ["x", "a much longer prompt than x"], 32, "cpu")
+    ids = sample(actor, prompt_ids, prompt_mask, SamplingParams(0.8, 1, 1.0, 10), eos_token_id=EOS, pad_token_id=PAD)
+    mask, _ = response_mask(ids, EOS)
+    seq = torch.cat([prompt_ids, ids], 1)
+    att = torch.cat([prompt_mask, mask], 1)
+    with torch.no_grad():
+        logits = actor(input_ids=seq, attention_mask=att, position_ids=position_ids_from_mask(att)).logits
+        logp, _ = policy_forward(actor, seq, att, prompt_ids.shape[1], 0.8)
+    predicted = logits[:, prompt_ids.shape[1] - 1 : -1].argmax(-1)
+    assert torch.equal(predicted[mask.bool()], ids[mask.bool()])
+    full = torch.log_softmax(logits[:, prompt_ids.shape[1] - 1 : -1].float() / 0.8, -1)
+    assert torch.allclose(full.gather(-1, ids[..., None])[..., 0][mask.bool()], logp[mask.bool()], atol=1e-5)
+
+
+def test_token_fraction_reward_ignores_eos_and_padding():
+    ids = torch.tensor([[7, 8, 7, EOS, PAD], [7, 7, 9, 9, 9]])
+    mask, has_eos = response_mask(ids, EOS)
+    batch = ScoringBatch([], [], ids, mask, 0, ids, mask, has_eos)
+    assert TokenFractionReward([7], eos_token_id=EOS)(batch).tolist() == pytest.approx([2 / 3, 2 / 5])
+
+
+# ---------------------------------------------------------------------------------------
+# fixed n=1 is token-level PPO: one update against a hand-written reference
+
+
+class SGDEngine:
+    """The three calls ppo_update makes of an engine, over a torch optimizer."""
+
+    def __init__(self, module, lr):
+        self.module = module
+        self.optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train(self):
+        self.module.train()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
+def hand_written_token_ppo(actor, critic, exp, *, gamma, lam, clip, vclip, temperature, lr):
+    """Textbook token-level PPO, one loop per sample, written without marlhf's helpers."""
+    batch, length = exp.mask.shape
+    adv = torch.zeros(batch, length)
+    ret = torch.zeros(batch, length)
+    for b in range(batch):
+        n = int(exp.mask[b].sum())
+        running = 0.0
+        for t in reversed(range(n)):
+            next_value = float(exp.values[b, t + 1]) if t + 1 < n else 0.0
+            delta = float(exp.rewards[b, t]) + gamma * next_value - float(exp.values[b, t])
+            running = delta + gamma * lam * running
+            adv[b, t] = running
+            ret[b, t] = running + float(exp.values[b, t])
+    plen = exp.prompt_length
+    seq, att = exp.sequences, exp.attention_mask
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    logits = actor(input_ids=seq, attention_mask=att, position_ids=pos).logits[:, plen - 1 : -1] / temperature
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, seq[:, plen:, None])[..., 0]
+    real = exp.mask.bool()
+    ratio = torch.exp(logp[real] - exp.old_logp[real])
+    a = adv[real]
+    policy = torch.max(-a * ratio, -a * ratio.clamp(1 - clip, 1 + clip)).mean()
+    backbone = critic.model.model
+    hidden = backbone(input_ids=seq, attention_mask=att, position_ids=pos).last_hidden_state
+    v = critic.model.score(hidden)[..., 0][:, plen - 1 : -1][real]
+    old_v, target = exp.values[real], ret[real]
+    v_clipped = old_v + (v - old_v).clamp(-vclip, vclip)
+    value = 0.5 * torch.max((v - target) ** 2, (v_clipped - target) ** 2).mean()
+    for model, loss in ((actor, policy), (critic, value)):
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+    return float(policy.detach()), float(value.detach()), adv, ret
+
+
+def test_fixed_n1_step_equals_hand_written_token_ppo(models):
+    torch.manual_seed(0)
+    tok = models["tokenizer"]
+    settings = RolloutSettings(max_new_tokens=10, max_prompt_length=32, kl_coef=0.1, top_k=0, temperature=0.9)
+    actor = copy.deepcopy(models["actor"])
+    critic = copy.deepcopy(models["critic"])
+    reference = copy.deepcopy(models["reference"])
+    with torch.no_grad():  # make the reference differ, so the KL reward is not zero
+        for p in reference.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    exp = make_experience(
+        actor, reference, critic, LastTokenReward(), tok,
+        ["first prompt", "the second prompt is longer", "third", "a fourth one"], [{}] * 4, settings,
+    )  # fmt: skip
+    # stale old log-probs and values, so both clip branches are exercised
+    exp.old_logp = exp.old_logp + 0.3 * torch.randn_like(exp.old_logp) * exp.mask
+    exp.values = exp.values + 0.5 * torch.randn_like(exp.values) * exp.mask
+    credit.assign_credit(exp, TerminationRule("fixed", n=1), gamma=0.99, lam=0.9)
+
+    ref_actor, ref_critic = copy.deepcopy(actor), copy.deepcopy(critic)
+    lr = 0.5
+    stats = ppo_update(
+        SGDEngine(actor, lr), SGDEngine(critic, lr), exp,
+        UpdateSettings(epochs=1, mini_batch_size=4, micro_batch_size=4, clip_range=0.2, value_clip_range=0.2, temperature=0.9),
+    )  # fmt: skip
+    policy, value, adv, ret = hand_written_token_ppo(
+        ref_actor, ref_critic, exp, gamma=0.99, lam=0.9, clip=0.2, vclip=0.2, temperature=0.9, lr=lr
+    )
+    assert torch.allclose(exp.advantages, adv, atol=1e-5) and torch.allclose(exp.returns, ret, atol=1e-5)
+    assert stats["policy_loss"] == pytest.approx(policy, abs=1e-5)
+    assert stats["value_loss"] == pytest.approx(value, abs=1e-5)
+    assert 0 < stats["clip_fraction"] < 1
+    for mine, theirs in zip(actor.parameters(), ref_actor.parameters()):
+        assert torch.allclose(mine, theirs, atol=1e-6)
+    for mine, theirs in zip(critic.parameters(), ref_critic.parameters()):
+        assert torch.allclose(mine, theirs, atol=1e-6)
+    changed = any(not torch.equal(a, b) for a, b in zip(actor.parameters(), models["actor"].parameters()))
+    assert changed
+
+
+def test_vanilla_is_named_and_described():
+    assert credit.is_vanilla(TerminationRule("fixed", n=1))
+    assert "vanilla PPO" in credit.describe(TerminationRule("fixed", n=1), "equal", "token")
+    assert "MA-PPO" in credit.describe(TerminationRule("ppl"), "equal", "token")
