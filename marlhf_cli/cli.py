@@ -55,33 +55,33 @@ def segment(
         Optional[str],
         typer.Option(
             "--rule",
-            help="Termination rule: fixed, randomized, ppl, parsing, code; several comma-separated, or 'all'. [default: fixed]",
+            help="Termination rule: fixed, randomized, ppl, parsing, code; several comma-separated, or 'all'. \\[default: fixed]",
             show_default=False,
         ),
     ] = None,
     n: Annotated[
         Optional[str],
-        typer.Option("--n", help="Segment length of the fixed rule, and the fallback of the text rules; 'inf' = whole response. [default: 5]", show_default=False),
+        typer.Option("--n", help="Segment length of the fixed rule, and the fallback of the text rules; 'inf' = whole response. \\[default: 5]", show_default=False),
     ] = None,
     cutoff: Annotated[
         Optional[int],
-        typer.Option("--cutoff", help="Largest segment, in tokens, of the parsing rule (C) and the code rule (C_code). [default: 5 for parsing, 10 for code]", show_default=False),
+        typer.Option("--cutoff", help="Largest segment, in tokens, of the parsing rule (C) and the code rule (C_code). \\[default: 5 for parsing, 10 for code]", show_default=False),
     ] = None,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option("--tokenizer", help="Tokenizer: hub id, local path, or alias 'tiny'/'smollm2-135m' (SmolLM2's, offline). [default: tiny]", show_default=False),
+        typer.Option("--tokenizer", help="Tokenizer: hub id, local path, or alias 'tiny'/'smollm2-135m' (SmolLM2's, offline). \\[default: tiny]", show_default=False),
     ] = None,
     model: Annotated[
         Optional[str],
-        typer.Option("--model", help="Reference model for the ppl rule (must share the tokenizer's vocabulary). [default: smollm2-135m]", show_default=False),
+        typer.Option("--model", help="Reference model for the ppl rule (must share the tokenizer's vocabulary). \\[default: smollm2-135m]", show_default=False),
     ] = None,
     backend: Annotated[
         Optional[str],
-        typer.Option("--backend", help="Parser of the parsing rule: auto (stanza if its English model is installed, else spaCy), stanza, spacy. [default: auto]", show_default=False),
+        typer.Option("--backend", help="Parser of the parsing rule: auto (stanza if its English model is installed, else spaCy), stanza, spacy. \\[default: auto]", show_default=False),
     ] = None,
     output_format: Annotated[
         Optional[str],
-        typer.Option("--format", help="text: segments joined with @@ (coloured on a terminal); json: one JSON object per response and rule. [default: text]", show_default=False),
+        typer.Option("--format", help="text: segments joined with @@ (coloured on a terminal); json: one JSON object per response and rule. \\[default: text]", show_default=False),
     ] = None,
     stats: Annotated[
         bool, typer.Option("--stats", help="Print segment-length statistics (count, mean, histogram) per rule instead of the segments.")

@@ -18,7 +18,7 @@ console = Console(stderr=True)
 
 RunDirOption = Annotated[
     Optional[Path],
-    typer.Option("--run-dir", help="Run directory shared by all stages. [default: runs/default]", show_default=False),
+    typer.Option("--run-dir", help="Run directory shared by all stages. \\[default: runs/default]", show_default=False),
 ]
 ConfigOption = Annotated[
     Optional[Path],
@@ -31,7 +31,7 @@ PresetOption = Annotated[
         help="Named settings from templates/presets (tldr, hh, webgpt, apps, cpu-tiny); --config and flags win over it.",
     ),
 ]
-SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Random seed. [default: 42]", show_default=False)]
+SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Random seed. \\[default: 42]", show_default=False)]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print the resolved configuration as YAML and exit.")
 ]
