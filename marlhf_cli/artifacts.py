@@ -88,6 +88,16 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> Path:
     return Path(path)
 
 
+def write_figure(path: str | Path, fig) -> Path:
+    """Save a matplotlib figure as PNG atomically, then close it (figures hold memory)."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
 def append_jsonl(path: str | Path, row: Any) -> None:
     """Append one line (metrics streams): a torn last line is tolerated by :func:`read_jsonl`."""
     path = Path(path)

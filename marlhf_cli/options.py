@@ -16,6 +16,16 @@ from .errors import UserError
 
 console = Console(stderr=True)
 
+def opt(name: str, help: str):
+    """A flag with no shown default: defaults live in the config and are written in ``help``."""
+    return typer.Option(name, help=help, show_default=False)
+
+
+def switch(name: str, help: str):
+    """A boolean ``--x/--no-x`` flag (None when not given, so the config's value stands)."""
+    return typer.Option(f"{name}/--no-{name[2:]}", help=help, show_default=False)
+
+
 RunDirOption = Annotated[
     Optional[Path],
     typer.Option("--run-dir", help="Run directory shared by all stages. \\[default: runs/default]", show_default=False),

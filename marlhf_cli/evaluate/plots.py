@@ -21,12 +21,7 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    plt = _pyplot()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with artifacts.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return artifacts.write_figure(path, fig)
 
 
 def best_of_n(curves: dict[float, dict[int, dict[str, float]]], path: Path, title: str, ylabel: str = "reward-model score") -> Path:

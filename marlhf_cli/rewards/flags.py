@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-import typer
-
-
-def _opt(name: str, help: str):
-    return typer.Option(name, help=help, show_default=False)
+from ..options import opt as _opt
 
 
 Model = Annotated[Optional[str], _opt("--model", "Model that writes the programs: a run-directory stage (sft, ppo/<name>, or ppo when there is one run), a hub id, a folder or an alias ('tiny'). \\[default: sft]")]

@@ -13,8 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 
-def _opt(name: str, help: str):
-    return typer.Option(name, help=help, show_default=False)
+from ..options import opt as _opt
 
 
 # data ------------------------------------------------------------------------------------

@@ -98,15 +98,16 @@ class Monitor:
             self._writer = None
 
     # plot ---------------------------------------------------------------------------------
-    def plot(self, metric: str = "loss", title: str | None = None) -> Path | None:
+    def plot(self, metric: str = "loss", title: str | None = None, xlabel: str = "optimizer step") -> Path | None:
         """``plots/<stage>-loss.png``: the training curve and the held-out points."""
         if not self.enabled or not self.path.is_file():
             return None
         rows = artifacts.read_jsonl(self.path)
-        return plot_curves(rows, metric, self.run.plot_path(f"{self.stage}-{metric}"), title or f"{self.stage} {metric}")
+        path = self.run.plot_path(f"{self.stage}-{metric}")
+        return plot_curves(rows, metric, path, title or f"{self.stage} {metric}", xlabel)
 
 
-def plot_curves(rows: list[dict], metric: str, path: Path, title: str) -> Path:
+def plot_curves(rows: list[dict], metric: str, path: Path, title: str, xlabel: str = "optimizer step") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,17 +119,13 @@ def plot_curves(rows: list[dict], metric: str, path: Path, title: str) -> Path:
         if points:
             xs, ys = zip(*points)
             ax.plot(xs, ys, style, label=f"{split} {metric}", markersize=4)
-    ax.set_xlabel("optimizer step")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with artifacts.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return artifacts.write_figure(path, fig)
 
 
 def _tensorboard(folder: Path, purge_step: int | None):

@@ -567,7 +567,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         if rows:
             artifacts.write_jsonl(run_dir.samples_path(name), rows)
         for metric in ("score", "kl", "reward"):
-            monitor.plot(metric, title=f"ppo {name}: {metric}")
+            monitor.plot(metric, title=f"ppo {name}: {metric}", xlabel="PPO step")
         ppo_report.print_final_table(name, history, metrics)
     common.record(run_dir, stage_key, config, inputs, metrics, status="finished")
     return metrics

@@ -12,12 +12,7 @@ from typing import Annotated, List, Optional
 import typer
 
 
-def _opt(name: str, help: str):
-    return typer.Option(name, help=help, show_default=False)
-
-
-def _switch(name: str, help: str):
-    return typer.Option(f"{name}/--no-{name[2:]}", help=help, show_default=False)
+from ..options import opt as _opt, switch as _switch
 
 
 # what to train, from what

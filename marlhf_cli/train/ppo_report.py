@@ -101,11 +101,7 @@ def plot_eval_curves(runs: dict[str, list[dict]], path: Path, metric: str = "sco
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with artifacts.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return artifacts.write_figure(path, fig)
 
 
 def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score") -> Path:
