@@ -1,0 +1,126 @@
+"""Plumbing the benchmark scripts share: device flags, the machine line, PPO runs.
+
+Not a benchmark itself (the leading underscore). Every script prints ``# machine: ...`` from
+:func:`machine_line` (CPU model, cores, torch threads, load average at start) so a figure
+is never read without knowing what else the machine was doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+HH_HELPFUL = SHARED_DATA / "hh-rlhf" / "helpful-base-sample.jsonl"
+
+
+def add_device_args(parser: argparse.ArgumentParser, *, threads: int = 1) -> None:
+    """``--device``, ``--dtype`` and ``--threads`` (torch intra-op threads per process)."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (hides any GPU) or cuda (the stage puts its engines on GPU 0)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--threads", type=int, default=threads,
+                        help=f"torch threads per process (default {threads}: faster than 2 for small models on a 2-core CPU)")
+
+
+def apply_device_args(args: argparse.Namespace) -> None:
+    """Make the process use what the flags say; exit 2 with one line if it cannot."""
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the stage picks CUDA by itself when it sees one
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no GPU on this machine (torch " + torch.__version__ + ")")
+    torch.set_num_threads(max(1, args.threads))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, args.threads))  # for child processes
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """Environment for a worker subprocess: offline, ``threads`` BLAS/OpenMP threads."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def machine_line(args: argparse.Namespace | None = None) -> str:
+    import torch
+
+    parts = [cpu_model(), f"{os.cpu_count()} cores", f"torch {torch.__version__}"]
+    if args is not None:
+        if args.device == "cuda":
+            parts.append(f"GPU {torch.cuda.get_device_name(0)}")
+        parts += [f"device {args.device}", args.dtype, f"{torch.get_num_threads()} torch thread(s)/process"]
+    parts.append(f"load average {load_average()}")
+    return "# machine: " + ", ".join(parts)
+
+
+def ppo_config(run_dir: str | Path, **flags):
+    """A PPOConfig from flags, as ``marlhf ppo`` would resolve them (no preset, no file)."""
+    from marlhf_cli import config as config_module
+
+    flags.setdefault("run_dir", str(run_dir))
+    return config_module.resolve("ppo", flags=flags)
+
+
+def train_rows(run_dir: str | Path, name: str) -> list[dict]:
+    """The per-step training rows the stage logged to metrics/ppo-<name>.jsonl."""
+    from marlhf_cli.artifacts import read_jsonl
+
+    return [row for row in read_jsonl(Path(run_dir) / "metrics" / f"ppo-{name}.jsonl") if row["split"] == "train"]
+
+
+def write_prompts(path: Path, count: int = 120) -> Path:
+    """Short synthetic prompt rows (the loader's PPO split takes its share of them)."""
+    import json
+
+    topics = ["cats", "rain", "maths", "trains", "music", "bread", "the sea", "chess", "snow", "bees"]
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(count):
+            handle.write(json.dumps({"prompt": f"Tell me about {topics[i % 10]}, item {i}:", "completion": " ok"}) + "\n")
+    return path
+
+
+def median(values):
+    import statistics
+
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values) -> str:
+    """``mean ± sample std`` (or just the value for one)."""
+    import statistics
+
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.3g}"
+    return f"{statistics.mean(values):.3g} ± {statistics.stdev(values):.2g}"

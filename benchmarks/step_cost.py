@@ -1,0 +1,240 @@
+"""Cost per PPO step of every termination rule, against vanilla PPO, on the same model and batch.
+
+    python benchmarks/step_cost.py [--model smollm2-135m] [--batch 8] [--new-tokens 64] [--rounds 4]
+                                   [--device cpu|cuda] [--dtype fp32|bf16] [--threads 1]
+
+One process builds the PPO stage's models once (policy, reference, critic and reward model
+from ``--model``; prompts from HH-RLHF in ../shared/data, else the embedded sample) and runs
+the stage's own ``ppo_step`` for every rule in turn, round after round, with the rule order
+rotated each round. The learning rates are 0, so the weights never move and every rule of a
+round samples exactly the same responses to the same prompts (the step's seed is the
+round's); the update still runs in full (forward, backward, AdamW step). Round 0 is a
+warm-up (it also loads the parser) and is not counted.
+
+Times are the stage's own per-step metrics: generation, scoring (old/ref log-probs, values,
+reward), credit (segmentation + segment GAE), training (the PPO update). The ratio of a rule
+is the median over rounds of step_time(rule) / step_time(vanilla) of the same round.
+
+Does parsing overlap model work? The stage segments after the scoring forwards, in the
+step's critical path (``--parse-workers`` moves the parse to a process pool but waits for
+it). The row ``parsing, overlapped*`` is a prototype made here, not the stage's behaviour:
+it submits decoding + parsing to a one-process pool as soon as the responses are sampled,
+lets the scoring forwards run meanwhile, and collects the segments at credit assignment.
+The last line is the headline: the worst rule's step-time ratio (stage behaviour only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as H  # noqa: E402
+
+# (label, termination, n, how): how = "inline" (the stage's default), "pool" (--parse-workers 1),
+# "overlap" (the prototype described above)
+RULES = [
+    ("vanilla (fixed 1)", "fixed", 1, "inline"),
+    ("fixed 5", "fixed", 5, "inline"),
+    ("fixed inf", "fixed", math.inf, "inline"),
+    ("randomized", "randomized", 5, "inline"),
+    ("ppl", "ppl", 5, "inline"),
+    ("parsing", "parsing", 5, "inline"),
+    ("code", "code", 10, "inline"),
+    ("parsing --parse-workers 1", "parsing", 5, "pool"),
+    ("parsing overlapped*", "parsing", 5, "overlap"),
+]
+
+
+# ---------------------------------------------------------------------------------------
+# the overlap prototype: decode + parse in a worker process while the scoring forwards run
+
+
+_WORKER_TOKENIZERS: dict = {}
+
+
+def _worker_tokenizer(name):
+    if name not in _WORKER_TOKENIZERS:  # load_tokenizer returns a deep copy per call: keep one
+        from marlhf_cli.models import load_tokenizer
+
+        _WORKER_TOKENIZERS[name] = load_tokenizer(name)
+    return _WORKER_TOKENIZERS[name]
+
+
+def _segment_job(tokenizer_name, rule, response_ids, mask, seeds):
+    """In the worker: texts and offsets of the generated ids, then the rule (as the stage does)."""
+    from marlhf_cli.macro import segment_batch
+    from marlhf_cli.train.credit import response_texts
+
+    texts, spans = response_texts(_worker_tokenizer(tokenizer_name), response_ids, mask)
+    return segment_batch(rule, mask, texts=texts, offsets=spans, sample_seeds=seeds)
+
+
+def _warm_worker(tokenizer_name):
+    """Load the tokenizer and the parser in the worker before anything is timed."""
+    import torch
+
+    from marlhf_cli.macro import TerminationRule, segment_batch
+
+    tokenizer = _worker_tokenizer(tokenizer_name)
+    ids = tokenizer("The cat sat on the mat. It was happy there.", add_special_tokens=False)["input_ids"]
+    mask = torch.ones(1, len(ids), dtype=torch.long)
+    _segment_job(tokenizer_name, TerminationRule("parsing", n=5), torch.tensor([ids]), mask, [0])
+    return segment_batch is not None
+
+
+class Overlap:
+    """Patches two names of the stage for one step: when the experience's responses are
+    decoded (``experience.scoring_batch``), submit the segmentation to ``executor``; at credit
+    assignment (``credit.segment_batch``), take the result instead of parsing inline."""
+
+    def __init__(self, executor, rule, tokenizer_name, seeds):
+        self.executor, self.rule, self.tokenizer_name, self.seeds = executor, rule, tokenizer_name, seeds
+        self.future = None
+
+    def __enter__(self):
+        from marlhf_cli.train import credit, experience
+
+        self._saved = (experience.scoring_batch, credit.segment_batch, credit.response_texts)
+        original_scoring_batch = experience.scoring_batch
+        rule = self.rule
+
+        def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos):
+            self.future = self.executor.submit(
+                _segment_job, self.tokenizer_name, rule, response_ids.cpu(), mask.cpu(), self.seeds
+            )
+            return original_scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos)
+
+        def segment_batch(rule, mask, **kwargs):
+            return self.future.result()
+
+        experience.scoring_batch = scoring_batch
+        credit.segment_batch = segment_batch
+        credit.response_texts = lambda tokenizer, ids, mask: (None, None)  # done in the worker
+        return self
+
+    def __exit__(self, *exc):
+        from marlhf_cli.train import credit, experience
+
+        experience.scoring_batch, credit.segment_batch, credit.response_texts = self._saved
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def build_context(config):
+    """The stage's Context, as ``ppo.run`` builds it (models, prompt schedule, settings)."""
+    from marlhf_cli.train import common, credit, ppo
+    from marlhf_cli.train.experience import RolloutSettings
+    from marlhf_cli.train.update import UpdateSettings
+
+    common.start(config)
+    ppo.check_options(config)
+    prompts = common.load_split(config, "ppo", config.max_records, report=False)
+    models = ppo.build_models(config, config.policy, config.reward_model, None)
+    micro = ppo.micro_batch(config)
+    return ppo.Context(
+        config=config, models=models, rule=credit.make_rule(config),
+        schedule=ppo.PromptSchedule(prompts.records, config.rollout_batch_size, config.seed),
+        rollout=RolloutSettings.from_config(config, forward_batch_size=micro),
+        update=UpdateSettings(
+            epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size, micro_batch_size=micro,
+            clip_range=config.clip_range, value_clip_range=config.value_clip_range,
+            ratio=config.ratio, temperature=config.temperature,
+        ),
+    ), prompts.source  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="policy = reference = critic = reward model base")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=4, help="timed rounds (plus one warm-up round)")
+    parser.add_argument("--rules", default=None, help="comma-separated rules to run, by label (default: all; vanilla always runs)")
+    H.add_device_args(parser)
+    args = parser.parse_args()
+    H.apply_device_args(args)
+    import torch
+
+    from marlhf_cli.train import credit, ppo
+
+    data = dict(dataset="hh", data_file=str(H.HH_HELPFUL)) if H.HH_HELPFUL.is_file() else dict(dataset="hh")
+    run_dir = tempfile.mkdtemp(prefix="marlhf-step-cost-")
+    config = H.ppo_config(
+        run_dir, policy=args.model, reward_model=args.model, **data, max_records=200,
+        rollout_batch_size=args.batch, mini_batch_size=args.batch, max_new_tokens=args.new_tokens,
+        max_prompt_length=args.prompt_tokens, actor_lr=0.0, critic_lr=0.0, dtype=args.dtype,
+        eval_every=0, eval_prompts=0, save_every=0, seed=0, max_steps=args.rounds + 1,
+    )  # fmt: skip
+    print(H.machine_line(args))
+    started = time.perf_counter()
+    ctx, source = build_context(config)
+    wanted = None if args.rules is None else {w.strip() for w in args.rules.split(",")}
+    rules = [r for i, r in enumerate(RULES) if wanted is None or i == 0 or r[0] in wanted]
+    params = sum(p.numel() for p in ctx.models.actor.module.parameters())
+    print(f"# model {args.model} ({params / 1e6:.1f}M params x 4: actor, reference, critic, reward), "
+          f"batch {args.batch}, {args.new_tokens} new tokens, prompts <= {args.prompt_tokens} tokens from {source}; "
+          f"{args.rounds} timed rounds + 1 warm-up; lr 0 (identical samples for every rule)")  # fmt: skip
+    pool = ProcessPoolExecutor(max_workers=1)
+    pool.submit(_warm_worker, args.model).result()  # the worker's parser loads before the clock starts
+    times: dict[str, list[dict]] = {label: [] for label, *_ in rules}
+    try:
+        for rnd in range(args.rounds + 1):
+            shift = rnd % len(rules)
+            for label, termination, n, how in rules[shift:] + rules[:shift]:
+                config.termination, config.n = termination, n
+                ctx.rule = credit.make_rule(config)
+                ctx.executor = pool if how == "pool" else None
+                seeds = [rnd * args.batch + i for i in range(args.batch)]
+                if how == "overlap":
+                    with Overlap(pool, ctx.rule, args.model, seeds):
+                        metrics = ppo.ppo_step(ctx, rnd)
+                else:
+                    metrics = ppo.ppo_step(ctx, rnd)
+                if rnd > 0:
+                    times[label].append(metrics)
+            print(f"# round {rnd} done ({time.perf_counter() - started:.0f} s)", flush=True)
+    finally:
+        pool.shutdown()
+    report(rules, times)
+    print(f"# wall time {time.perf_counter() - started:.0f} s; load average at the end {H.load_average()}")
+    worst = max((r for r in rules if r[3] != "overlap" and r[0] != rules[0][0]), key=lambda r: ratio(times, r[0], "step_time")[0])
+    value, low, high = ratio(times, worst[0], "step_time")
+    print(f"worst rule: {worst[0]}, MA-PPO / PPO step time = {value:.2f}x (rounds {low:.2f}-{high:.2f})")
+
+
+def ratio(times, label, key):
+    """(median, min, max) over rounds of key(rule) / key(vanilla) in the same round."""
+    base = times[RULES[0][0]]
+    values = sorted(row[key] / max(ref[key], 1e-9) for row, ref in zip(times[label], base))
+    return H.median(values), values[0], values[-1]
+
+
+def report(rules, times) -> None:
+    print(f"{'rule':<28}{'gen s':>8}{'score s':>9}{'credit s':>10}{'train s':>9}{'step s':>8}"
+          f"{'tok/s':>8}{'gen x':>7}{'train x':>8}{'credit %':>9}{'step x':>7}{'  step x range':<15}{'seg len':>8}{'fallbk':>7}")  # fmt: skip
+    for label, *_ in rules:
+        rows = times[label]
+        med = {k: H.median([r[k] for r in rows]) for k in rows[0]}
+        step, low, high = ratio(times, label, "step_time")
+        share = 100 * H.median([r["credit_time"] / r["step_time"] for r in rows])
+        print(
+            f"{label:<28}{med['generation_time']:>8.2f}{med['scoring_time']:>9.2f}{med['credit_time']:>10.3f}"
+            f"{med['training_time']:>9.2f}{med['step_time']:>8.2f}{med['tokens_per_second']:>8.0f}"
+            f"{ratio(times, label, 'generation_time')[0]:>7.2f}{ratio(times, label, 'training_time')[0]:>8.2f}"
+            f"{share:>9.1f}{step:>7.2f}  {low:.2f}-{high:.2f}     {med['segment_length']:>8.2f}{sum(r['parse_fallbacks'] for r in rows):>7.0f}"
+        )  # fmt: skip
+    lengths = {round(H.median([r["response_length"] for r in times[label]]), 2) for label, *_ in rules}
+    print(f"# median response length per rule: {sorted(lengths)} tokens (one value = every rule saw the same responses)")
+    print("# * prototype made in this script (not the stage): parse in a worker while the scoring forwards run")
+
+
+if __name__ == "__main__":
+    main()

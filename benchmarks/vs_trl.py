@@ -1,0 +1,200 @@
+"""PPO throughput of marlhf against TRL 1.12.0's PPOTrainer: same models, prompts and settings.
+
+    python3 -m venv benchmarks/.venv-trl \\
+      && benchmarks/.venv-trl/bin/pip install torch==2.13.0 && benchmarks/.venv-trl/bin/pip install trl==1.12.0
+    python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--threads 1] [--device cpu|cuda] [--dtype fp32|bf16]
+
+TRL removed PPO in 1.13, so TRL runs from its own virtualenv (``--trl-python``, default
+``benchmarks/.venv-trl/bin/python``; torch first, so pip keeps the CPU build). This script
+saves one random-init Llama policy and one reward model (``--hidden``/``--layers``; default:
+the ``tiny`` alias, 3.2M parameters, SmolLM2's 49k vocabulary and tokenizer) and the prompt ids
+(HH-RLHF prompts cut to their last ``--prompt-tokens`` tokens) to a temporary folder, then
+runs, alternately, ``rounds`` times each, a fresh marlhf process (``ppo.run``, vanilla PPO:
+``--termination fixed --n 1``) and a fresh TRL process (``_trl_worker.py``) on them:
+batch 8, one PPO epoch, one minibatch, 64 new tokens at temperature 0.8 with no top-k/top-p
+(TRL's sampler has none), stop at EOS, KL 0.05 (k1), clip 0.2, lr 1.5e-5, fp32 on a CPU.
+
+Step time is wall clock between consecutive steps (each tool's logging and, for TRL, its two
+``gc.collect()`` per step included); the first ``--warmup`` steps of each run are dropped.
+Tokens per second = generated response tokens per step / median step time. The last line is
+the headline: marlhf tokens/s over TRL tokens/s.
+
+Differences that stay (each tool's design): TRL keeps the sampling logits (no separate old
+log-prob forward) and trains policy and value with one optimizer and one backward; marlhf
+re-computes old log-probs, trains actor and critic as two DeepSpeed engines, and samples
+with its own KV-cached loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as H  # noqa: E402
+
+TRL_PYTHON = H.BENCH_DIR / ".venv-trl" / "bin" / "python"
+SETTINGS = dict(batch=8, new_tokens=64, temperature=0.8)
+
+
+def prepare(work: Path, args) -> dict:
+    """Policy and reward-model folders (with the tokenizer), the prompts as text and ids."""
+    import torch
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    from marlhf_cli.models import TINY_SEED, load_tokenizer, tiny_config
+    from marlhf_cli.train.encode import encode_prompt
+
+    tokenizer = load_tokenizer("tiny", padding_side="left")
+    overrides = {}
+    if args.hidden:
+        overrides.update(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+                         num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=max(1, args.hidden // 128))
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    for name, cls, extra in (("policy", LlamaForCausalLM, {}), ("reward", LlamaForSequenceClassification, {"num_labels": 1})):
+        torch.manual_seed(TINY_SEED)
+        model = cls(tiny_config(tokenizer, **overrides, **extra))
+        model.save_pretrained(work / name)
+        tokenizer.save_pretrained(work / name)
+    params = sum(p.numel() for p in LlamaForCausalLM(tiny_config(tokenizer, **overrides)).parameters())
+    rows = [json.loads(line) for line in H.HH_HELPFUL.read_text(encoding="utf-8").splitlines()] if H.HH_HELPFUL.is_file() else []
+    prompts = []
+    for row in rows:
+        prompt = row["chosen"][: row["chosen"].rfind("\n\nAssistant:") + len("\n\nAssistant:")]
+        if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= args.prompt_tokens + 4:
+            prompts.append(prompt)
+    if len(prompts) < 64:
+        sys.exit(f"need HH-RLHF prompts at {H.HH_HELPFUL} (found {len(prompts)} long enough)")
+    prompts = prompts[:400]
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": " ok"}) + "\n" for p in prompts))
+    ids = [encode_prompt(tokenizer, p, args.prompt_tokens) for p in prompts]
+    (work / "prompt_ids.json").write_text(json.dumps(ids))
+    return {"params": params, "prompts": len(prompts)}
+
+
+def marlhf_worker(args) -> None:
+    """One marlhf process: vanilla PPO with the settings above; per-step wall times to --out."""
+    H.apply_device_args(args)
+    from marlhf_cli.train import ppo
+
+    work = Path(args.work)
+    run_dir = work / f"marlhf-run-{time.time_ns()}"
+    config = H.ppo_config(
+        run_dir, policy=str(work / "policy"), reward_model=str(work / "reward"), dataset=str(work / "prompts.jsonl"),
+        termination="fixed", n=1, rollout_batch_size=SETTINGS["batch"], mini_batch_size=SETTINGS["batch"], ppo_epochs=1,
+        max_new_tokens=SETTINGS["new_tokens"], max_prompt_length=args.prompt_tokens, temperature=SETTINGS["temperature"],
+        top_k=0, top_p=1.0, kl_coef=0.05, kl_estimator="k1", clip_range=0.2, value_clip_range=0.2,
+        actor_lr=1.5e-5, critic_lr=1.5e-5, dtype=args.dtype, max_steps=args.steps,
+        eval_every=0, eval_prompts=0, save_every=0, seed=0,
+    )  # fmt: skip
+    ppo.run(config)
+    import torch
+
+    rows = H.train_rows(run_dir, ppo.run_name(config))
+    stamps = [row["time"] for row in rows]
+    result = {
+        "tool": "marlhf",
+        "threads": torch.get_num_threads(),
+        "step_times": [rows[0]["step_time"]] + [b - a for a, b in zip(stamps, stamps[1:])],
+        "stage_step_times": [row["step_time"] for row in rows],
+        "tokens_per_step": [row["response_tokens"] for row in rows],
+        "phases": {k: [row[k] for row in rows] for k in ("generation_time", "scoring_time", "credit_time", "training_time")},
+        "response_length": [row["response_length"] for row in rows],
+    }
+    Path(args.out).write_text(json.dumps(result))
+
+
+def run_tool(tool: str, work: Path, args, index: int) -> dict:
+    out = work / f"{tool}-{index}.json"
+    log = work / f"{tool}-{index}.log"
+    common = ["--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
+              "--dtype", args.dtype, "--out", str(out)]  # fmt: skip
+    if tool == "marlhf":
+        command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work),
+                   "--prompt-tokens", str(args.prompt_tokens), *common]  # fmt: skip
+    else:
+        command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
+                   "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
+                   "--batch", str(SETTINGS["batch"]), "--new-tokens", str(SETTINGS["new_tokens"]),
+                   "--temperature", str(SETTINGS["temperature"]), *common]  # fmt: skip
+    started = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=H.child_env(args.threads)).returncode
+    if code != 0 or not out.is_file():
+        tail = "".join(log.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-15:])
+        sys.exit(f"{tool} run failed (exit {code}); last lines of {log}:\n{tail}")
+    result = json.loads(out.read_text())
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="PPO steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, alternating")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=None, help="model width (default: the tiny alias, 64)")
+    parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the tiny alias, 2)")
+    parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON)
+    parser.add_argument("--marlhf-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    H.add_device_args(parser)
+    args = parser.parse_args()
+    if args.marlhf_worker:
+        return marlhf_worker(args)
+    if not args.trl_python.is_file():
+        sys.exit(f"no TRL virtualenv at {args.trl_python}; create it with the two commands in this script's docstring")
+    H.apply_device_args(args)
+    print(H.machine_line(args))
+    work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-"))
+    info = prepare(work, args)
+    print(f"# random-init Llama, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
+          f"batch {SETTINGS['batch']}, {SETTINGS['new_tokens']} new tokens, prompts of {args.prompt_tokens} tokens, "
+          f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; work dir {work}")  # fmt: skip
+    results: dict[str, list[dict]] = {"marlhf": [], "trl": []}
+    for index in range(args.rounds):
+        for tool in (("marlhf", "trl") if index % 2 == 0 else ("trl", "marlhf")):
+            results[tool].append(run_tool(tool, work, args, index))
+            print(f"# {tool} run {index + 1} done ({results[tool][-1]['process_seconds']:.0f} s for the whole process)", flush=True)
+    print(f"{'tool':<14}{'s/step median':>14}{'per run':>22}{'tokens/step':>12}{'tokens/s':>10}")
+    speed = {}
+    for tool, runs in results.items():
+        per_run = [statistics.median(r["step_times"][args.warmup :]) for r in runs]
+        steps = [t for r in runs for t in r["step_times"][args.warmup :]]
+        tokens = statistics.mean(
+            t for r in runs for t in (r["tokens_per_step"][args.warmup :] if isinstance(r["tokens_per_step"], list) else [r["tokens_per_step"]])
+        )
+        speed[tool] = tokens / statistics.median(steps)
+        name = "marlhf" if tool == "marlhf" else runs[0]["tool"]
+        print(f"{name:<14}{statistics.median(steps):>14.3f}{' / '.join(f'{x:.3f}' for x in per_run):>22}{tokens:>12.0f}{speed[tool]:>10.0f}")
+    phases = results["marlhf"][0]["phases"]
+    print("# marlhf phases (median s): " + ", ".join(
+        f"{k.replace('_time', '')} {statistics.median(v[args.warmup:]):.3f}" for k, v in phases.items()))  # fmt: skip
+    eos = [e for r in results["trl"] for e in r.get("eos_tokens", [])]
+    lengths = [x for r in results["marlhf"] for x in r["response_length"]]
+    print(f"# responses: marlhf mean length {statistics.mean(lengths):.1f} tokens; TRL EOS tokens per step {max(eos, default=0):.0f} at most")
+    print(f"# load average at the end {H.load_average()}")
+    per_round = [
+        (tokens_of(m) / statistics.median(m["step_times"][args.warmup :])) / (tokens_of(t) / statistics.median(t["step_times"][args.warmup :]))
+        for m, t in zip(results["marlhf"], results["trl"])
+    ]
+    print(f"marlhf / TRL tokens per second = {speed['marlhf'] / speed['trl']:.2f}x "
+          f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+
+
+def tokens_of(run: dict) -> float:
+    tokens = run["tokens_per_step"]
+    return statistics.mean(tokens) if isinstance(tokens, list) else float(tokens)
+
+
+if __name__ == "__main__":
+    main()
