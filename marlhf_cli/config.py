@@ -134,7 +134,7 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     value_function: str = "equal"  # equal | unit | position | first
     ratio: str = "token"  # token | macro
     parser_backend: str = "auto"
-    parse_workers: int = 0
+    parse_workers: int = 1  # text rules parse in a pool while the scoring forwards run; 0 = inline
     # schedule
     max_steps: int = 100
     eval_every: int = 10

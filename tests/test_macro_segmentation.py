@@ -21,6 +21,7 @@ from marlhf_cli.macro import (
     lengths_to_segment_ids,
     ppl_lengths,
     segment_batch,
+    start_segment_batch,
     segment_lengths,
 )
 
@@ -344,6 +345,24 @@ def test_code_batch_stats_and_fallbacks():
         segment_batch(TerminationRule("code"), mask, texts=CODES, offsets=offsets[:-1] + [[(0, 1)]])
     with pytest.raises(ValueError, match="texts and offsets"):
         segment_batch(TerminationRule("code"), mask)
+
+
+def test_start_segment_batch_returns_before_the_parse_runs_and_agrees_with_segment_batch():
+    """PPO starts the parse, runs its scoring forwards, then waits: starting must not block."""
+    import threading
+
+    mask, offsets = _code_batch()
+    rule = TerminationRule("code", n=2, cutoff=3)
+    inline = segment_batch(rule, mask, texts=CODES, offsets=offsets)
+    gate = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(gate.wait)  # the one worker is busy until the gate opens
+        pending = start_segment_batch(rule, mask, texts=CODES, offsets=offsets, executor=pool, workers=2)
+        assert not pending.done()  # returned while nothing has been parsed yet
+        gate.set()
+        ids, stats = pending.result()
+    assert torch.equal(ids, inline[0]) and stats == inline[1]
+    assert pending.done() and pending.result()[1] == stats  # a second result() is the same
 
 
 def test_worker_pools_give_the_same_result():

@@ -50,9 +50,11 @@ CASES = [
     pytest.param(dict(termination="fixed", n=3, value_function="unit"), "fixed3-unit", id="fixed3-unit"),
     pytest.param(dict(termination="randomized", value_function="position"), "randomized-position", id="randomized-position"),
     pytest.param(dict(termination="ppl", value_function="first"), "ppl-first", id="ppl-first"),
-    pytest.param(dict(termination="code", ratio="macro", whiten_advantages=True), "code-macro-ratio", id="code-macro"),
+    pytest.param(  # the default pool of one parse worker (spawned)
+        dict(termination="code", ratio="macro", whiten_advantages=True), "code-macro-ratio", id="code-macro"
+    ),
     pytest.param(
-        dict(termination="parsing", kl_estimator="k3", missing_eos_penalty=1.0), "parsing", id="parsing",
+        dict(termination="parsing", kl_estimator="k3", missing_eos_penalty=1.0, parse_workers=0), "parsing", id="parsing-inline",
         marks=pytest.mark.skipif(not _parsing_available(), reason="spaCy's English model is not installed"),
     ),
     pytest.param(dict(termination="fixed", n="inf"), "fixed-inf", id="fixed-inf"),

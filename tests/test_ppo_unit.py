@@ -4,6 +4,7 @@ position ids, sampling, and one vanilla step against a hand-written token-level 
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -306,6 +307,57 @@ def test_fixed_n1_step_equals_hand_written_token_ppo(models):
         assert torch.allclose(mine, theirs, atol=1e-6)
     changed = any(not torch.equal(a, b) for a, b in zip(actor.parameters(), models["actor"].parameters()))
     assert changed
+
+
+class RecordingExecutor(ThreadPoolExecutor):
+    """A one-thread pool that logs, in ``events``, when work is submitted to it."""
+
+    def __init__(self, events):
+        super().__init__(max_workers=1)
+        self.events = events
+
+    def submit(self, fn, *args, **kwargs):
+        self.events.append("parse submitted")
+        return super().submit(fn, *args, **kwargs)
+
+
+class OrderedReward(LastTokenReward):
+    def __init__(self, events):
+        self.events = events
+
+    def __call__(self, batch):
+        self.events.append("reward scored")
+        return super().__call__(batch)
+
+
+def test_a_text_rule_parses_while_the_scoring_forwards_run(models):
+    """With a parse pool, the stage hands the parse over as soon as the responses exist,
+    before the scoring forwards; the segments are those of the inline path."""
+    torch.manual_seed(1)
+    tok = models["tokenizer"]
+    rule = TerminationRule("code", n=3, cutoff=4)
+    settings = RolloutSettings(max_new_tokens=12, max_prompt_length=16, top_k=0)
+    events: list[str] = []
+    pending = {}
+    with RecordingExecutor(events) as pool:
+
+        def start(response_ids, mask):
+            events.append("sampled")
+            pending["segments"] = credit.start_segmentation(
+                rule, response_ids, mask, tokenizer=tok, sample_seeds=[0, 1, 2], executor=pool
+            )
+
+        exp = make_experience(
+            models["actor"], models["reference"], models["critic"], OrderedReward(events), tok,
+            ["def f(x):", "for i in range(3):", "x ="], [{}] * 3, settings, on_sampled=start,
+        )  # fmt: skip
+        assert events[0] == "sampled" and events[1] == "parse submitted" and events[-1] == "reward scored"
+        credit.assign_credit(exp, rule, tokenizer=tok, sample_seeds=[0, 1, 2], pending=pending["segments"])
+    overlapped = exp.segment_ids.clone()
+    credit.assign_credit(exp, rule, tokenizer=tok, sample_seeds=[0, 1, 2])  # inline, no pool
+    assert torch.equal(overlapped, exp.segment_ids)
+    assert credit.start_segmentation(TerminationRule("ppl"), exp.response_ids, exp.mask, tokenizer=tok, executor=pool) is None
+    assert credit.start_segmentation(rule, exp.response_ids, exp.mask, tokenizer=tok, executor=None) is None
 
 
 def test_vanilla_is_named_and_described():

@@ -37,11 +37,13 @@ from .rules import fixed_lengths, ppl_lengths, randomized_lengths
 from .segmentation import (
     DEFAULT_PARSING_CUTOFF,
     RULE_NAMES,
+    PendingSegments,
     SegmentStats,
     TerminationRule,
     lengths_to_segment_ids,
     segment_batch,
     segment_lengths,
+    start_segment_batch,
 )
 
 _LAZY = {"parsing_lengths": ".parsing", "token_offsets": ".alignment"}
@@ -60,6 +62,7 @@ __all__ = [
     "RATIO_MODES",
     "RULE_NAMES",
     "VALUE_FUNCTIONS",
+    "PendingSegments",
     "SegmentLayout",
     "SegmentStats",
     "TerminationRule",
@@ -78,6 +81,7 @@ __all__ = [
     "segment_layout",
     "segment_lengths",
     "segment_sums",
+    "start_segment_batch",
     "segment_weights",
     "token_gae",
     "value_loss",

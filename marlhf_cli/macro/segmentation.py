@@ -15,7 +15,7 @@ import hashlib
 import math
 import os
 from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
 import torch
 
@@ -31,6 +31,8 @@ __all__ = [
     "segment_lengths",
     "lengths_to_segment_ids",
     "segment_batch",
+    "start_segment_batch",
+    "PendingSegments",
 ]
 
 RULE_NAMES = ("fixed", "randomized", "ppl", "parsing", "code")
@@ -297,14 +299,67 @@ def segment_batch(
       ``workers`` shares (default: one per CPU); else on a ``ProcessPoolExecutor(workers)``
       made for this call when ``workers > 0``; else inline. Results do not depend on this.
     """
+    kwargs = dict(texts=texts, offsets=offsets, ref_logprobs=ref_logprobs, sample_seeds=sample_seeds, workers=workers)
+    if rule.needs_text and executor is None and workers > 0 and mask.shape[0] > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return start_segment_batch(rule, mask, executor=pool, **kwargs).result()
+    return start_segment_batch(rule, mask, executor=executor, **kwargs).result()
+
+
+class PendingSegments:
+    """Segment ids of a batch that may still be computing on an executor: ``result()``
+    waits for them and returns ``(segment_ids, stats)`` exactly as :func:`segment_batch`."""
+
+    def __init__(self, mask: torch.Tensor, counts: list[int], chunks: list, n_chunks: int, ready=None):
+        self._mask, self._counts, self._chunks, self._n_chunks = mask, counts, chunks, n_chunks
+        self._ready: tuple[torch.Tensor, SegmentStats] | None = ready
+
+    def done(self) -> bool:
+        return all(not isinstance(c, Future) or c.done() for c in self._chunks)
+
+    def result(self) -> tuple[torch.Tensor, SegmentStats]:
+        if self._ready is not None:
+            return self._ready
+        batch = self._mask.shape[0]
+        results: list[tuple[list[int], bool]] = [([], False)] * batch
+        for i, chunk in enumerate(self._chunks):  # chunk i holds samples i, i + n_chunks, ...
+            for offset, one in enumerate(chunk.result() if isinstance(chunk, Future) else chunk):
+                results[i + offset * self._n_chunks] = one
+        lengths = [r[0] for r in results]
+        ids = lengths_to_segment_ids(lengths, self._mask)
+        stats = SegmentStats(
+            samples=batch,
+            segments=sum(len(x) for x in lengths),
+            tokens=sum(self._counts),
+            fallbacks=sum(1 for r in results if r[1]),
+        )
+        self._ready = (ids, stats)
+        return ids, stats
+
+
+def start_segment_batch(
+    rule: TerminationRule,
+    mask: torch.Tensor,
+    *,
+    texts: Sequence[str] | None = None,
+    offsets: Sequence[Sequence[tuple[int, int]]] | None = None,
+    ref_logprobs: torch.Tensor | Sequence[Sequence[float]] | None = None,
+    sample_seeds: Sequence[int] | None = None,
+    workers: int = 0,
+    executor: Executor | None = None,
+) -> PendingSegments:
+    """:func:`segment_batch` without waiting: a text rule given an ``executor`` is submitted
+    to it in ``workers`` shares (default: one per CPU) and this returns at once, so the
+    caller can run model work while the parser runs (PPO scores the responses meanwhile).
+    Every other case is computed here. Inputs are checked here, whatever the case."""
     if mask.dim() != 2:
         raise ValueError(f"mask must be [batch, time], got shape {tuple(mask.shape)}")
     batch = mask.shape[0]
     counts = mask.bool().sum(dim=1).tolist()
-    if rule.name == "fixed":
+    if rule.name == "fixed":  # vectorised: no per-sample lengths
         ids = _fixed_segment_ids(mask, rule.n)
         segments = sum(len(fixed_lengths(c, rule.n)) if c else 0 for c in counts)
-        return ids, SegmentStats(batch, segments, sum(counts), 0)
+        return PendingSegments(mask, counts, [], 1, ready=(ids, SegmentStats(batch, segments, sum(counts), 0)))
 
     seeds = list(range(batch)) if sample_seeds is None else [int(s) for s in sample_seeds]
     if len(seeds) != batch:
@@ -331,34 +386,14 @@ def segment_batch(
         text_list, offset_list = list(texts), list(offsets)
         if len(text_list) != batch or len(offset_list) != batch:
             raise ValueError(f"{len(text_list)} texts / {len(offset_list)} offsets for {batch} samples")
-
-    jobs = [(rule, counts[b], text_list[b], offset_list[b], refs[b], seeds[b]) for b in range(batch)]
-    if rule.needs_text:
-        for b, (text, spans) in enumerate(zip(text_list, offset_list)):
+        for b, spans in enumerate(offset_list):
             if len(spans) != counts[b]:
                 raise ValueError(f"sample {b}: {len(spans)} offsets for {counts[b]} real tokens")
-    if rule.needs_text and (executor is not None or workers > 0) and batch > 1:
+
+    jobs = [(rule, counts[b], text_list[b], offset_list[b], refs[b], seeds[b]) for b in range(batch)]
+    if rule.needs_text and executor is not None and batch > 1:
         # One share per worker; strided so that long and short responses mix.
         n_chunks = min(batch, workers if workers > 0 else (os.cpu_count() or 1))
-        chunks = [jobs[i::n_chunks] for i in range(n_chunks)]
-        if executor is not None:
-            chunk_results = list(executor.map(_segment_chunk, chunks))
-        else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                chunk_results = list(pool.map(_segment_chunk, chunks))
-        results: list[tuple[list[int], bool]] = [([], False)] * batch
-        for i, chunk_result in enumerate(chunk_results):
-            for offset, result in enumerate(chunk_result):
-                results[i + offset * n_chunks] = result
-    else:
-        results = _segment_chunk(jobs)
-
-    lengths = [r[0] for r in results]
-    ids = lengths_to_segment_ids(lengths, mask)
-    stats = SegmentStats(
-        samples=batch,
-        segments=sum(len(x) for x in lengths),
-        tokens=sum(counts),
-        fallbacks=sum(1 for r in results if r[1]),
-    )
-    return ids, stats
+        futures = [executor.submit(_segment_chunk, jobs[i::n_chunks]) for i in range(n_chunks)]
+        return PendingSegments(mask, counts, futures, n_chunks)
+    return PendingSegments(mask, counts, [_segment_chunk(jobs)], 1)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ..macro import TerminationRule, macro_advantages, masked_mean, segment_batch
+from ..macro import PendingSegments, TerminationRule, macro_advantages, masked_mean, start_segment_batch
 
 
 def make_rule(config) -> TerminationRule:
@@ -70,6 +70,19 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     return torch.where(mask.bool(), out, torch.zeros_like(out))
 
 
+def start_segmentation(
+    rule: TerminationRule, response_ids: torch.Tensor, mask: torch.Tensor, *, tokenizer, sample_seeds=None, executor=None
+) -> PendingSegments | None:
+    """Hand a text rule's parse to ``executor`` (the ``--parse-workers`` pool) as soon as the
+    responses exist, so that it runs while the scoring forwards do: the paper's "no extra
+    cost" holds only if parsing overlaps model work. ``None`` where there is nothing to gain
+    (no pool, or a rule that is cheap or needs the reference log-probs: ``ppl``)."""
+    if executor is None or not rule.needs_text:
+        return None
+    texts, spans = response_texts(tokenizer, response_ids, mask)
+    return start_segment_batch(rule, mask.cpu(), texts=texts, offsets=spans, sample_seeds=sample_seeds, executor=executor)
+
+
 def assign_credit(
     experience,
     rule: TerminationRule,
@@ -82,22 +95,28 @@ def assign_credit(
     sample_seeds=None,
     executor=None,
     workers: int = 0,
+    pending: PendingSegments | None = None,
 ):
-    """Fill ``segment_ids``, ``advantages``, ``returns`` and ``segment_stats`` of an Experience."""
+    """Fill ``segment_ids``, ``advantages``, ``returns`` and ``segment_stats`` of an Experience.
+
+    ``pending``: the segmentation :func:`start_segmentation` began for these responses
+    (waited for here); without it the rule runs now."""
     mask = experience.mask
-    texts = spans = None
-    if rule.needs_text:
-        texts, spans = response_texts(tokenizer, experience.response_ids, mask)
-    segment_ids, stats = segment_batch(
-        rule,
-        mask.cpu(),
-        texts=texts,
-        offsets=spans,
-        ref_logprobs=experience.ref_logp.cpu() if rule.name == "ppl" else None,
-        sample_seeds=sample_seeds,
-        workers=workers,
-        executor=executor,
-    )
+    if pending is None:
+        texts = spans = None
+        if rule.needs_text:
+            texts, spans = response_texts(tokenizer, experience.response_ids, mask)
+        pending = start_segment_batch(
+            rule,
+            mask.cpu(),
+            texts=texts,
+            offsets=spans,
+            ref_logprobs=experience.ref_logp.cpu() if rule.name == "ppl" else None,
+            sample_seeds=sample_seeds,
+            workers=workers,
+            executor=executor,
+        )
+    segment_ids, stats = pending.result()
     segment_ids = segment_ids.to(mask.device)
     advantages, returns = macro_advantages(
         experience.rewards, experience.values, mask, segment_ids,

@@ -205,17 +205,21 @@ def make_experience(
     *,
     device="cpu",
     sampler=None,
+    on_sampled: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> Experience:
     """Sample one batch and compute every token-level quantity PPO needs (module docstring).
 
     ``sampler``: the module that samples, when it is not ``actor`` itself (under ZeRO-3, a
-    whole-parameter copy of it).
+    whole-parameter copy of it). ``on_sampled(response_ids, mask)``: called once the
+    responses exist, before the scoring forwards (PPO starts the parser there).
     """
     started = time.perf_counter()
     prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
         sampler if sampler is not None else actor, tokenizer, prompts, settings, device=device
     )
     generated = time.perf_counter()
+    if on_sampled is not None:
+        on_sampled(response_ids, mask)
     batch = scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos)
     seq, att, plen = batch.sequences, batch.attention_mask, batch.prompt_length
     size, chunk = seq.shape[0], settings.forward_batch_size

@@ -271,6 +271,26 @@ def fit(
     )
 
 
+def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: dict, steps: int) -> tuple[FitResult, Monitor]:
+    """What ``sft`` and ``rm`` do around :func:`fit`: find the resume point (``--resume``),
+    mark the stage running in run.json, train with a progress monitor (closed even on a
+    crash). Returns the result and the closed monitor (its loss plot is still to draw)."""
+    from . import common
+
+    checkpoint_dir = run_dir.stage_dir(stage) / "checkpoints"
+    resume_from = resume_point(config, checkpoint_dir, common.say)
+    common.record(run_dir, stage, config, inputs, None, status="running")
+    monitor = Monitor(run_dir, stage, total_steps=steps, start_step=resume_step(resume_from), enabled=eng.is_main())
+    try:
+        result = fit(
+            task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,
+            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
+        )  # fmt: skip
+    finally:
+        monitor.close()
+    return result, monitor
+
+
 def _check_fingerprint(found: Path, expected: dict[str, Any]) -> None:
     saved = checkpoints.read_state(found).get("fingerprint", {})
     for key, value in expected.items():

@@ -278,11 +278,20 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     # 1. a batch of prompts
     records, sample_numbers = ctx.schedule.for_rank(step, rank, processes)
 
-    # 2-3. sample responses with the actor; old/ref log-probs, values, rewards
+    # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
+    # with a --parse-workers pool starts parsing as soon as the responses exist, so the
+    # parser runs while the scoring forwards do.
+    parsing = {}
+
+    def start_parsing(response_ids, mask):
+        parsing["pending"] = credit.start_segmentation(
+            ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
+        )
+
     experience = make_experience(
         models.actor, models.reference, models.critic, models.reward, models.tokenizer,
         [r["prompt"] for r in records], records, ctx.rollout,
-        device=models.device, sampler=models.sampler.model(),
+        device=models.device, sampler=models.sampler.model(), on_sampled=start_parsing,
     )  # fmt: skip
 
     # 4-5. macro actions from the termination rule; GAE over segments, broadcast to tokens
@@ -290,7 +299,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     credit.assign_credit(
         experience, ctx.rule, tokenizer=models.tokenizer, gamma=config.gamma, lam=config.lam,
         value_function=config.value_function, whiten_advantages=config.whiten_advantages,
-        sample_seeds=sample_numbers, executor=ctx.executor,
+        sample_seeds=sample_numbers, executor=ctx.executor, pending=parsing.get("pending"),
     )  # fmt: skip
     credit_seconds = time.perf_counter() - credited
 
@@ -526,9 +535,12 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     }  # fmt: skip
     common.record(run_dir, stage_key, config, inputs, None, status="running")
     if rule.needs_text and config.parse_workers > 0:
+        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        ctx.executor = ProcessPoolExecutor(max_workers=config.parse_workers)
+        # spawn, not fork: this process holds DeepSpeed's and OpenMP's threads (and maybe CUDA)
+        spawn = multiprocessing.get_context("spawn")
+        ctx.executor = ProcessPoolExecutor(max_workers=config.parse_workers, mp_context=spawn)
     monitor = Monitor(run_dir, f"{STAGE}-{name}", total_steps=config.max_steps, start_step=start, enabled=eng.is_main())
     last: dict[str, float] = {}
     rows: list[dict] = []

@@ -51,7 +51,7 @@ Cutoff = Annotated[Optional[int], _opt("--cutoff", "Largest segment in tokens fo
 ValueFunction = Annotated[Optional[str], _opt("--value-function", "Segment value from token values: equal (mean), unit (last), position, first. \\[default: equal]")]
 Ratio = Annotated[Optional[str], _opt("--ratio", "Policy ratio per token (the authors' code) or per macro action (the paper's equation). \\[default: token]")]
 ParserBackend = Annotated[Optional[str], _opt("--parser-backend", "Parser of the parsing rule: auto, stanza, spacy. \\[default: auto]")]
-ParseWorkers = Annotated[Optional[int], _opt("--parse-workers", "Worker processes for the parsing/code rules (0 = in the training process). \\[default: 0]")]
+ParseWorkers = Annotated[Optional[int], _opt("--parse-workers", "Worker processes that run the parsing/code rules while the scoring forwards run, so parsing adds no time to a step; 0 = parse in the training process after the forwards. \\[default: 1]")]
 
 # schedule
 MaxSteps = Annotated[Optional[int], _opt("--max-steps", "PPO steps (rollout + update). \\[default: 100]")]

@@ -26,7 +26,6 @@ from ..artifacts import RunDir
 from . import common, loop, scoring
 from .freeze import train_top_layers
 from .encode import attention_mask, encode_prompt, encode_response, pad_right
-from .monitor import Monitor
 
 STAGE = "rm"
 
@@ -149,18 +148,8 @@ def run(config: Any) -> dict[str, Any]:
     engine = eng.build_engine(
         scoring.SequenceScorer(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps
     )
-    checkpoint_dir = run_dir.stage_dir(STAGE) / "checkpoints"
-    resume_from = loop.resume_point(config, checkpoint_dir, common.say)
     inputs = common.inputs_entry(config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical)
-    common.record(run_dir, STAGE, config, inputs, None, status="running")
-    monitor = Monitor(run_dir, STAGE, total_steps=steps, start_step=loop.resume_step(resume_from), enabled=eng.is_main())
-    try:
-        result = loop.fit(
-            task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,
-            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
-        )  # fmt: skip
-    finally:
-        monitor.close()
+    result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
     stats = result.eval or result.train
     out = checkpoints.export_pretrained(
         engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, unwrap=lambda module: module.model,

@@ -24,7 +24,6 @@ from ..artifacts import RunDir
 from ..errors import UserError
 from . import common, loop
 from .encode import IGNORE, attention_mask, encode_prompt, encode_response, pad_right
-from .monitor import Monitor
 
 STAGE = "sft"
 
@@ -145,18 +144,8 @@ def run(config: Any) -> dict[str, Any]:
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
     model = load_causal_lm(config.model, dtype="fp32")
     engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
-    checkpoint_dir = run_dir.stage_dir(STAGE) / "checkpoints"
-    resume_from = loop.resume_point(config, checkpoint_dir, common.say)
     inputs = common.inputs_entry(config, str(config.model), train, held_out, train_examples=len(task.train))
-    common.record(run_dir, STAGE, config, inputs, None, status="running")
-    monitor = Monitor(run_dir, STAGE, total_steps=steps, start_step=loop.resume_step(resume_from), enabled=eng.is_main())
-    try:
-        result = loop.fit(
-            task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,
-            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
-        )  # fmt: skip
-    finally:
-        monitor.close()
+    result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
     out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer)
     monitor.plot("loss", title=f"SFT loss ({config.model})")
     metrics = final_metrics(result)
