@@ -445,3 +445,15 @@ def test_caller_mistakes_raise():
         parsing_lengths("Hi.", [(0, 2), (2, 9)])
     with pytest.raises(ValueError, match="cutoff"):
         parsing_lengths("Hi.", [(0, 2), (2, 3)], cutoff=0)
+
+
+def test_warm_up_loads_the_spacy_pipeline_once(nlp):
+    """PPO warms each parse worker with one sentence; afterwards the pipeline is cached."""
+    from marlhf_cli.macro import TerminationRule
+    from marlhf_cli.macro.segmentation import warm_up
+
+    parsing._spacy_pipeline.cache_clear()
+    assert parsing._spacy_pipeline.cache_info().currsize == 0
+    warm_up(TerminationRule("parsing", backend="spacy"))
+    assert parsing._spacy_pipeline.cache_info().currsize == 1
+    warm_up(TerminationRule("code"))  # the code rule needs nothing loaded; must not fail

@@ -33,6 +33,7 @@ __all__ = [
     "segment_batch",
     "start_segment_batch",
     "PendingSegments",
+    "warm_up",
 ]
 
 RULE_NAMES = ("fixed", "randomized", "ppl", "parsing", "code")
@@ -304,6 +305,15 @@ def segment_batch(
         with ProcessPoolExecutor(max_workers=workers) as pool:
             return start_segment_batch(rule, mask, executor=pool, **kwargs).result()
     return start_segment_batch(rule, mask, executor=executor, **kwargs).result()
+
+
+def warm_up(rule: TerminationRule) -> None:
+    """Segment one short sentence with ``rule``: this loads its parser (spaCy or stanza for
+    ``parsing``) in the calling process. PPO submits it to each parse worker at start-up so
+    that the first batch does not wait for the model to load."""
+    text = "The cat sat. It was warm."
+    spans = [(0, 3), (3, 7), (7, 11), (11, 12), (12, 15), (15, 19), (19, 24), (24, 25)]
+    segment_lengths(rule, len(spans), text=text, offsets=spans)
 
 
 class PendingSegments:

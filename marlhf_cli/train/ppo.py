@@ -43,6 +43,7 @@ from .. import artifacts, checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
 from ..macro import RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
+from ..macro.segmentation import warm_up
 from . import common, credit, loop
 from .experience import RolloutSettings, generate, make_experience, scoring_batch
 from .forward import TokenValues, disable_dropout, resident
@@ -541,6 +542,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         # spawn, not fork: this process holds DeepSpeed's and OpenMP's threads (and maybe CUDA)
         spawn = multiprocessing.get_context("spawn")
         ctx.executor = ProcessPoolExecutor(max_workers=config.parse_workers, mp_context=spawn)
+        for _ in range(config.parse_workers):  # workers load the parser during the first evaluation
+            ctx.executor.submit(warm_up, rule)
     monitor = Monitor(run_dir, f"{STAGE}-{name}", total_steps=config.max_steps, start_step=start, enabled=eng.is_main())
     last: dict[str, float] = {}
     rows: list[dict] = []
