@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import artifacts, engine as eng
+from .errors import UserError
 
 PREFIX = "step-"
 STATE_FILE = "trainer_state.json"
@@ -127,6 +128,18 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def read_state(folder: str | Path) -> dict[str, Any]:
     return json.loads((Path(folder) / STATE_FILE).read_text(encoding="utf-8"))
+
+
+def check_fingerprint(found: Path, expected: dict[str, Any]) -> None:
+    """Refuse to resume ``found`` when it was written with other options (data order,
+    schedule, rule...): the resumed run would silently differ from an uninterrupted one."""
+    saved = read_state(found).get("fingerprint", {})
+    for key, value in expected.items():
+        if key in saved and saved[key] != value:
+            raise UserError(
+                f"--resume: {found} was written with {key}={saved[key]!r}, this run has {value!r}; "
+                "use the same options, or start afresh without --resume"
+            )
 
 
 def load_checkpoint(engine, folder: str | Path) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..seeding import derived_seed
 from . import estimator, plots, tables
 
 STAGE = "bon"
@@ -117,10 +118,6 @@ def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], 
     keys = ("seed", "top_k", "top_p", "max_prompt_length", "max_new_tokens", "normalize")
     return {"policy": policy, "reward_model": reward_model, "prompts": digest, "samples": samples,
             "temperature": temperature, **{k: getattr(config, k) for k in keys}}  # fmt: skip
-
-
-def derived_seed(*parts: Any) -> int:
-    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest(), "little") >> 1
 
 
 # ---------------------------------------------------------------------------------------

@@ -114,7 +114,8 @@ def run(config) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..evaluate.bon import derived_seed, resolve_policy
+    from ..evaluate.bon import resolve_policy
+    from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
     from ..train.forward import disable_dropout
 

@@ -231,7 +231,7 @@ def fit(
     expected = run_fingerprint(task, config, batch_size, steps)
     start = 0
     if resume_from is not None:
-        _check_fingerprint(resume_from, expected)
+        checkpoints.check_fingerprint(resume_from, expected)
         start = int(checkpoints.load_checkpoint(engine, resume_from)["step"])
         monitor.print(f"resuming from {resume_from} (step {start} of {steps})")
     last_train: dict[str, float] = {}
@@ -289,13 +289,3 @@ def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: d
     finally:
         monitor.close()
     return result, monitor
-
-
-def _check_fingerprint(found: Path, expected: dict[str, Any]) -> None:
-    saved = checkpoints.read_state(found).get("fingerprint", {})
-    for key, value in expected.items():
-        if key in saved and saved[key] != value:
-            raise UserError(
-                f"--resume: {found} was written with {key}={saved[key]!r}, this run has {value!r}; "
-                "use the same options, or start afresh without --resume"
-            )

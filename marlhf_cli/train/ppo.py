@@ -29,7 +29,6 @@ deterministic).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import time
@@ -44,16 +43,18 @@ from ..artifacts import RunDir
 from ..errors import UserError
 from ..macro import RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
 from ..macro.segmentation import warm_up
+from ..seeding import derived_seed
 from . import common, credit, loop
-from .experience import RolloutSettings, generate, make_experience, scoring_batch
-from .forward import TokenValues, disable_dropout, resident
+from .experience import RolloutSettings, make_experience
+from .forward import TokenValues, disable_dropout
 from .generation import GenerationModel
 from .monitor import Monitor
+from .ppo_checkpoints import latest_common, resume, save
+from .ppo_eval import evaluate
 from .rewards import RewardFn, RewardModelReward
 from .update import UpdateSettings, ppo_update
 
 STAGE = "ppo"
-KEEP_CHECKPOINTS = 2  # actor and critic are saved one after the other: keep a common step
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,13 +157,7 @@ def fingerprint(config, name: str, prompts: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# randomness and data order
-
-
-def derived_seed(*parts: Any) -> int:
-    """A well-mixed 63-bit seed from (seed, step, rank, purpose)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+# data order
 
 
 @dataclass
@@ -376,100 +371,11 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
 
 
 # ---------------------------------------------------------------------------------------
-# evaluation
-
-
-def _gather_rows(rows: list[dict]) -> list[dict]:
-    """Every process's rows on every process, in rank order."""
-    if eng.world_size() == 1:
-        return rows
-    gathered: list[Any] = [None] * eng.world_size()
-    torch.distributed.all_gather_object(gathered, rows)
-    return [row for part in gathered for row in part]
-
-
-@torch.no_grad()
-def evaluate(ctx: Context, records: Sequence[dict], step: int) -> tuple[dict[str, float], list[dict]]:
-    """Mean reward score on held-out prompts at the training temperature; also the samples.
-
-    Prompts are sharded over processes. Sampling and scoring run no collective (the sampler
-    holds whole parameters, the reward model is not sharded), so shards may differ in size.
-    """
-    config, models = ctx.config, ctx.models
-    rank, processes = eng.rank(), eng.world_size()
-    mine = list(records[rank::processes])
-    chunk = max(1, config.rollout_batch_size // processes)
-    rows: list[dict] = []
-    sampler = models.sampler.model()  # a collective under ZeRO-3: every process calls it once
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derived_seed(config.seed, step, rank, "eval"))
-        for start in range(0, len(mine), chunk):
-            part = mine[start : start + chunk]
-            prompts = [r["prompt"] for r in part]
-            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
-                sampler, models.tokenizer, prompts, ctx.rollout, device=models.device
-            )
-            batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
-            with resident(getattr(models.reward, "model", None), models.device, config.offload_frozen):
-                scores = models.reward(batch).float().cpu()
-            lengths = mask.sum(dim=1).cpu()
-            for i, prompt in enumerate(prompts):
-                rows.append({
-                    "index": rank + (start + i) * processes, "prompt": prompt, "response": batch.responses[i],
-                    "score": float(scores[i]), "length": int(lengths[i]), "eos": bool(has_eos[i]),
-                })  # fmt: skip
-    rows = sorted(_gather_rows(rows), key=lambda row: row["index"])  # back in held-out order
-    for row in rows:
-        del row["index"]
-    n = max(len(rows), 1)
-    metrics = {
-        "score": sum(r["score"] for r in rows) / n,
-        "response_length": sum(r["length"] for r in rows) / n,
-        "eos_rate": sum(r["eos"] for r in rows) / n,
-        "prompts": float(len(rows)),
-    }
-    return metrics, rows
-
-
-# ---------------------------------------------------------------------------------------
-# checkpoints: actor and critic, saved one after the other
+# checkpoints (ppo_checkpoints.py): where they live
 
 
 def checkpoint_root(run_dir: RunDir, name: str) -> Path:
     return run_dir.stage_dir(STAGE, name) / "checkpoints"
-
-
-def save(ctx: Context, root: Path, step: int, state: dict) -> None:
-    """Actor then critic, each atomically; a step counts once both are complete."""
-    checkpoints.save_checkpoint(ctx.models.actor, root / "actor", step, state, keep=KEEP_CHECKPOINTS)
-    checkpoints.save_checkpoint(ctx.models.critic, root / "critic", step, state, keep=KEEP_CHECKPOINTS)
-
-
-def latest_common(root: Path) -> tuple[Path, Path] | None:
-    """The newest step for which both the actor and the critic checkpoint are complete."""
-    actor = {p.name: p for p in checkpoints.list_checkpoints(root / "actor")}
-    critic = {p.name: p for p in checkpoints.list_checkpoints(root / "critic")}
-    common_tags = sorted(set(actor) & set(critic))
-    return (actor[common_tags[-1]], critic[common_tags[-1]]) if common_tags else None
-
-
-def resume(ctx: Context, root: Path, expected: dict) -> int:
-    """Restore actor, critic (model, optimizer, scheduler, RNG); return the step to continue at."""
-    found = eng.broadcast_object(latest_common(root))
-    if found is None:
-        common.say(f"--resume: no checkpoint in {root} yet; starting from step 0")
-        return 0
-    actor_dir, critic_dir = found
-    saved = checkpoints.read_state(actor_dir).get("fingerprint", {})
-    for key, value in expected.items():
-        if key in saved and saved[key] != value:
-            raise UserError(
-                f"--resume: {actor_dir} was written with {key}={saved[key]!r}, this run has {value!r}; "
-                "use the same options, or start afresh without --resume"
-            )
-    state = checkpoints.load_checkpoint(ctx.models.actor, actor_dir)
-    checkpoints.load_checkpoint(ctx.models.critic, critic_dir)
-    return int(state["step"])
 
 
 # ---------------------------------------------------------------------------------------

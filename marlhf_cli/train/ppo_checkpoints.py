@@ -1,0 +1,39 @@
+"""PPO's resume checkpoints: the actor and the critic engine, saved one after the other; a step
+counts as saved only once both are complete, and resuming takes the newest such step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoints, engine as eng
+from . import common
+
+KEEP_CHECKPOINTS = 2  # actor and critic are saved one after the other: keep a common step
+
+
+def save(ctx: Any, root: Path, step: int, state: dict) -> None:
+    """Actor then critic, each atomically; a step counts once both are complete."""
+    checkpoints.save_checkpoint(ctx.models.actor, root / "actor", step, state, keep=KEEP_CHECKPOINTS)
+    checkpoints.save_checkpoint(ctx.models.critic, root / "critic", step, state, keep=KEEP_CHECKPOINTS)
+
+
+def latest_common(root: Path) -> tuple[Path, Path] | None:
+    """The newest step for which both the actor and the critic checkpoint are complete."""
+    actor = {p.name: p for p in checkpoints.list_checkpoints(root / "actor")}
+    critic = {p.name: p for p in checkpoints.list_checkpoints(root / "critic")}
+    common_tags = sorted(set(actor) & set(critic))
+    return (actor[common_tags[-1]], critic[common_tags[-1]]) if common_tags else None
+
+
+def resume(ctx: Any, root: Path, expected: dict) -> int:
+    """Restore actor, critic (model, optimizer, scheduler, RNG); return the step to continue at."""
+    found = eng.broadcast_object(latest_common(root))
+    if found is None:
+        common.say(f"--resume: no checkpoint in {root} yet; starting from step 0")
+        return 0
+    actor_dir, critic_dir = found
+    checkpoints.check_fingerprint(actor_dir, expected)
+    state = checkpoints.load_checkpoint(ctx.models.actor, actor_dir)
+    checkpoints.load_checkpoint(ctx.models.critic, critic_dir)
+    return int(state["step"])

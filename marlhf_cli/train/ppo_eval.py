@@ -1,0 +1,65 @@
+"""PPO's held-out evaluation: sample each held-out prompt once with the current policy and
+score it with the reward, sharded over processes; the mean score is the stage's eval curve."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .. import engine as eng
+from ..seeding import derived_seed
+from .experience import generate, scoring_batch
+from .forward import resident
+
+
+def _gather_rows(rows: list[dict]) -> list[dict]:
+    """Every process's rows on every process, in rank order."""
+    if eng.world_size() == 1:
+        return rows
+    gathered: list[Any] = [None] * eng.world_size()
+    torch.distributed.all_gather_object(gathered, rows)
+    return [row for part in gathered for row in part]
+
+
+@torch.no_grad()
+def evaluate(ctx: Any, records: Sequence[dict], step: int) -> tuple[dict[str, float], list[dict]]:
+    """Mean reward score on held-out prompts at the training temperature; also the samples.
+
+    Prompts are sharded over processes. Sampling and scoring run no collective (the sampler
+    holds whole parameters, the reward model is not sharded), so shards may differ in size.
+    """
+    config, models = ctx.config, ctx.models
+    rank, processes = eng.rank(), eng.world_size()
+    mine = list(records[rank::processes])
+    chunk = max(1, config.rollout_batch_size // processes)
+    rows: list[dict] = []
+    sampler = models.sampler.model()  # a collective under ZeRO-3: every process calls it once
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derived_seed(config.seed, step, rank, "eval"))
+        for start in range(0, len(mine), chunk):
+            part = mine[start : start + chunk]
+            prompts = [r["prompt"] for r in part]
+            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
+                sampler, models.tokenizer, prompts, ctx.rollout, device=models.device
+            )
+            batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
+            with resident(getattr(models.reward, "model", None), models.device, config.offload_frozen):
+                scores = models.reward(batch).float().cpu()
+            lengths = mask.sum(dim=1).cpu()
+            for i, prompt in enumerate(prompts):
+                rows.append({
+                    "index": rank + (start + i) * processes, "prompt": prompt, "response": batch.responses[i],
+                    "score": float(scores[i]), "length": int(lengths[i]), "eos": bool(has_eos[i]),
+                })  # fmt: skip
+    rows = sorted(_gather_rows(rows), key=lambda row: row["index"])  # back in held-out order
+    for row in rows:
+        del row["index"]
+    n = max(len(rows), 1)
+    metrics = {
+        "score": sum(r["score"] for r in rows) / n,
+        "response_length": sum(r["length"] for r in rows) / n,
+        "eos_rate": sum(r["eos"] for r in rows) / n,
+        "prompts": float(len(rows)),
+    }
+    return metrics, rows
