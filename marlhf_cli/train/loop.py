@@ -188,6 +188,15 @@ class FitResult:
     seconds_per_step: float | None
     resumed_from: int | None
 
+    def run_metrics(self) -> dict[str, Any]:
+        """The final metrics every stage reports about the run itself (when known)."""
+        out: dict[str, Any] = {}
+        if self.seconds_per_step is not None:
+            out["seconds_per_step"] = round(self.seconds_per_step, 4)
+        if self.resumed_from is not None:
+            out["resumed_from_step"] = self.resumed_from
+        return out
+
 
 def run_fingerprint(task: Task, config: Any, batch_size: int, steps: int) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it (data order, schedule)."""

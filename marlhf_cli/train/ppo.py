@@ -277,17 +277,17 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
     # with a --parse-workers pool starts parsing as soon as the responses exist, so the
     # parser runs while the scoring forwards do.
-    parsing = {}
+    segmentation: dict[str, Any] = {}  # the parse started on the pool, if any
 
-    def start_parsing(response_ids, mask):
-        parsing["pending"] = credit.start_segmentation(
+    def start_segmentation(response_ids, mask):
+        segmentation["pending"] = credit.start_segmentation(
             ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
         )
 
     experience = make_experience(
         models.actor, models.reference, models.critic, models.reward, models.tokenizer,
         [r["prompt"] for r in records], records, ctx.rollout,
-        device=models.device, sampler=models.sampler.model(), on_sampled=start_parsing,
+        device=models.device, sampler=models.sampler.model(), on_sampled=start_segmentation,
     )  # fmt: skip
 
     # 4-5. macro actions from the termination rule; GAE over segments, broadcast to tokens
@@ -295,7 +295,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     credit.assign_credit(
         experience, ctx.rule, tokenizer=models.tokenizer, gamma=config.gamma, lam=config.lam,
         value_function=config.value_function, whiten_advantages=config.whiten_advantages,
-        sample_seeds=sample_numbers, executor=ctx.executor, pending=parsing.get("pending"),
+        sample_seeds=sample_numbers, executor=ctx.executor, pending=segmentation.get("pending"),
     )  # fmt: skip
     credit_seconds = time.perf_counter() - credited
 

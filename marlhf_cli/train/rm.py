@@ -188,10 +188,7 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
     for key in ("loss", "accuracy", "margin", "score_mean", "score_std", "pairs"):
         if key in result.eval:
             metrics[f"eval_{key}"] = result.eval[key]
-    if result.seconds_per_step is not None:
-        metrics["seconds_per_step"] = round(result.seconds_per_step, 4)
-    if result.resumed_from is not None:
-        metrics["resumed_from_step"] = result.resumed_from
+    metrics.update(result.run_metrics())
     return metrics
 
 

@@ -158,10 +158,7 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
     metrics: dict[str, Any] = {"steps": result.steps, "train_loss": result.train.get("loss")}
     if result.eval:
         metrics.update(eval_loss=result.eval["loss"], eval_ppl=result.eval["ppl"])
-    if result.seconds_per_step is not None:
-        metrics["seconds_per_step"] = round(result.seconds_per_step, 4)
-    if result.resumed_from is not None:
-        metrics["resumed_from_step"] = result.resumed_from
+    metrics.update(result.run_metrics())
     return metrics
 
 
