@@ -24,6 +24,19 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread: the tiny model's ops are too small to split, and on a busy 2-core
+    machine two OpenMP threads per process run several times slower than one. Test modules
+    of the tiny model opt in with ``pytestmark``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real SmolLM2 tokenizer (byte-level BPE), loaded offline."""

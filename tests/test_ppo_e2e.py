@@ -11,25 +11,13 @@ import pytest
 from marlhf_cli import config as config_module
 from marlhf_cli.artifacts import read_jsonl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 SMALL = dict(
     policy="tiny", reward_model="tiny", dataset="tldr", rollout_batch_size=4, mini_batch_size=2,
     max_new_tokens=8, max_prompt_length=48, max_steps=2, eval_every=1, eval_prompts=2, save_every=0,
     actor_lr=1e-3, critic_lr=1e-3,
 )  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny model's ops are too small to split, and on a busy 2-core
-    machine two OpenMP threads per process run several times slower than one."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def small_config(run_dir, **overrides):

@@ -18,17 +18,9 @@ import torch
 from marlhf_cli import config as config_module
 from marlhf_cli.artifacts import read_jsonl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 STEPS = 80
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_ppo_e2e.one_thread
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -24,20 +24,10 @@ from marlhf_cli.train.rewards import ScoringBatch, TokenFractionReward
 from marlhf_cli.train.sampling import SamplingParams, filter_logits, response_mask, sample
 from marlhf_cli.train.update import UpdateSettings, ppo_update
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 EOS = 2
 PAD = 2  # SmolLM2 pads with its EOS: masks must never be derived from pad ids
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny model's ops are too small to split, and on a busy 2-core
-    machine two OpenMP threads per process run several times slower than one."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
