@@ -55,25 +55,13 @@ RULES = [
 
 def build_context(config):
     """The stage's Context, as ``ppo.run`` builds it (models, prompt schedule, settings)."""
-    from marlhf_cli.train import common, credit, ppo
-    from marlhf_cli.train.experience import RolloutSettings
-    from marlhf_cli.train.update import UpdateSettings
+    from marlhf_cli.train import common, ppo
 
     common.start(config)
     ppo.check_options(config)
     prompts = common.load_split(config, "ppo", config.max_records, report=False)
     models = ppo.build_models(config, config.policy, config.reward_model, None)
-    micro = ppo.micro_batch(config)
-    return ppo.Context(
-        config=config, models=models, rule=credit.make_rule(config),
-        schedule=ppo.PromptSchedule(prompts.records, config.rollout_batch_size, config.seed),
-        rollout=RolloutSettings.from_config(config, forward_batch_size=micro),
-        update=UpdateSettings(
-            epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size, micro_batch_size=micro,
-            clip_range=config.clip_range, value_clip_range=config.value_clip_range,
-            ratio=config.ratio, temperature=config.temperature,
-        ),
-    ), prompts.source  # fmt: skip
+    return ppo.make_context(config, models, prompts.records), prompts.source
 
 
 def main() -> None:

@@ -234,6 +234,8 @@ def ppo(
     policy: ppo_flags.Policy = None,
     reward_model: ppo_flags.RewardModel = None,
     reward: ppo_flags.Reward = None,
+    advantage: ppo_flags.Advantage = None,
+    samples_per_prompt: ppo_flags.SamplesPerPrompt = None,
     dataset: flags.DatasetOption = None,
     data_file: flags.DataFileOption = None,
     strict: flags.StrictOption = None,
@@ -297,7 +299,8 @@ def ppo(
 
     config = options.resolve_config(
         "ppo", preset=preset, config_file=config_file, dry_run=dry_run and not compare,
-        name=name, policy=policy, reward_model=reward_model, reward=reward, dataset=dataset, data_file=data_file,
+        name=name, policy=policy, reward_model=reward_model, reward=reward, advantage=advantage,
+        samples_per_prompt=samples_per_prompt, dataset=dataset, data_file=data_file,
         strict=strict, max_records=max_records, rollout_batch_size=rollout_batch_size,
         mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs, actor_lr=actor_lr, critic_lr=critic_lr,
         clip_range=clip_range, value_clip_range=value_clip_range, gamma=gamma, lam=lam, kl_coef=kl_coef,
@@ -318,6 +321,11 @@ def ppo(
 
         ppo_report.compare_command(config.run_dir, names or [], compare)
         return
+    critic_flags = {
+        "--termination": termination, "--n": n, "--cutoff": cutoff, "--value-function": value_function,
+        "--critic-lr": critic_lr, "--value-clip-range": value_clip_range,
+    }  # fmt: skip
+    stage.check_critic_free_flags(config, [flag for flag, value in critic_flags.items() if value is not None])
     stage.run(config)
 
 

@@ -46,13 +46,22 @@ def target_reward():
     return TokenFractionReward(targets, eos_token_id=load_tokenizer("tiny").eos_token_id, name="target-tokens")
 
 
-@pytest.mark.parametrize("termination, n, name", [("fixed", 1, "vanilla"), ("fixed", 5, "fixed5")])
-def test_reward_rises_well_above_its_start(tmp_path, prompts_file, termination, n, name):
+# every estimator sees 16 responses per step: 16 prompts x 1 (gae), 4 prompts x 4 (rloo, grpo)
+CASES = [
+    pytest.param(dict(termination="fixed", n=1, rollout_batch_size=16), "vanilla", id="vanilla"),
+    pytest.param(dict(termination="fixed", n=5, rollout_batch_size=16), "fixed5", id="fixed5"),
+    pytest.param(dict(advantage="rloo", rollout_batch_size=4), "rloo", id="rloo"),
+    pytest.param(dict(advantage="grpo", rollout_batch_size=4), "grpo", id="grpo"),
+]
+
+
+@pytest.mark.parametrize("setup, name", CASES)
+def test_reward_rises_well_above_its_start(tmp_path, prompts_file, setup, name):
     from marlhf_cli.train import ppo
 
     config = config_module.resolve("ppo", flags=dict(
         run_dir=str(tmp_path), policy="tiny", reward_model="tiny", dataset=str(prompts_file),
-        termination=termination, n=n, rollout_batch_size=16, mini_batch_size=16, max_new_tokens=8,
+        **setup, mini_batch_size=16, max_new_tokens=8,
         max_prompt_length=16, temperature=1.0, top_k=0, kl_coef=0.0, actor_lr=2e-2, critic_lr=2e-2,
         max_steps=STEPS, eval_every=0, eval_prompts=16, save_every=0, seed=0,
     ))  # fmt: skip

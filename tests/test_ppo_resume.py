@@ -41,6 +41,18 @@ def metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
 
 
+def kill_once_saved(proc: subprocess.Popen, marker: Path) -> None:
+    """SIGKILL the run's process group as soon as ``marker`` (a checkpoint's pointer) exists."""
+    deadline = time.time() + 240
+    try:
+        while not marker.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+
+
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     done = subprocess.run(command(straight), env=environment(), capture_output=True, text=True, timeout=300)
@@ -49,15 +61,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     proc = subprocess.Popen(
         command(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    critic = killed / "ppo" / NAME / "checkpoints" / "critic" / "latest"
-    deadline = time.time() + 240
-    try:
-        while not critic.is_file() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    kill_once_saved(proc, killed / "ppo" / NAME / "checkpoints" / "critic" / "latest")
     assert not (killed / "ppo" / NAME / "config.json").exists()
 
     resumed = subprocess.run(command(killed, "--resume"), env=environment(), capture_output=True, text=True, timeout=300)

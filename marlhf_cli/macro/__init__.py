@@ -10,6 +10,9 @@ it::
     advantages, returns = macro_advantages(rewards, values, response_mask, segment_ids,
                                            gamma=1.0, lam=0.95, value_function="equal")
 
+The critic-free baselines (``rloo_advantages``, ``grpo_advantages``, ``kl_loss``) live here
+too, so a comparison with them uses the same losses.
+
 ``parsing_lengths`` and ``token_offsets`` (the natural-language rule and the offset
 alignment) pull in spaCy/stanza, so they are loaded on first access only.
 """
@@ -31,8 +34,9 @@ from .advantages import (
     segment_weights,
     token_gae,
 )
+from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, rloo_advantages, sequence_to_tokens
 from .code import DEFAULT_CODE_CUTOFF, code_lengths
-from .losses import RATIO_MODES, masked_mean, policy_loss, value_loss
+from .losses import KL_ESTIMATORS, RATIO_MODES, kl_loss, kl_per_token, masked_mean, policy_loss, value_loss
 from .rules import fixed_lengths, ppl_lengths, randomized_lengths
 from .segmentation import (
     DEFAULT_PARSING_CUTOFF,
@@ -57,8 +61,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "DEFAULT_CODE_CUTOFF",
     "DEFAULT_PARSING_CUTOFF",
+    "KL_ESTIMATORS",
     "RATIO_MODES",
     "RULE_NAMES",
     "VALUE_FUNCTIONS",
@@ -69,6 +75,9 @@ __all__ = [
     "code_lengths",
     "discounted_reverse_cumsum",
     "fixed_lengths",
+    "grpo_advantages",
+    "kl_loss",
+    "kl_per_token",
     "lengths_to_segment_ids",
     "macro_advantages",
     "masked_mean",
@@ -76,11 +85,13 @@ __all__ = [
     "policy_loss",
     "ppl_lengths",
     "randomized_lengths",
+    "rloo_advantages",
     "segment_batch",
     "segment_broadcast",
     "segment_layout",
     "segment_lengths",
     "segment_sums",
+    "sequence_to_tokens",
     "start_segment_batch",
     "segment_weights",
     "token_gae",

@@ -16,6 +16,10 @@ Critic: every token value regresses to its segment's return Q_k, with PPO value 
 around the old value: 0.5 * max((v - Q)^2, (clip(v, old - eps, old + eps) - Q)^2), averaged
 over real tokens.
 
+KL to the reference: :func:`kl_per_token` is the per-token estimate PPO puts in the reward
+(k1 by default); GRPO instead adds :func:`kl_loss`, beta times the k3 estimate averaged over
+real tokens, to the policy loss, with the gradient flowing through the current log-probs.
+
 Masked positions are inert everywhere (``torch.where``, not multiplication, so NaN/inf in
 padding cannot leak into a loss or its gradient).
 """
@@ -26,9 +30,10 @@ import torch
 
 from .advantages import segment_broadcast
 
-__all__ = ["RATIO_MODES", "masked_mean", "policy_loss", "value_loss"]
+__all__ = ["KL_ESTIMATORS", "RATIO_MODES", "kl_loss", "kl_per_token", "masked_mean", "policy_loss", "value_loss"]
 
 RATIO_MODES = ("token", "macro")
+KL_ESTIMATORS = ("k1", "k3")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -43,6 +48,29 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     if dim is None:
         return total.sum() / real.sum().clamp(min=1).to(x.dtype)
     return total.sum(dim=dim) / real.sum(dim=dim).clamp(min=1).to(x.dtype)
+
+
+def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi.
+
+    k1 = log pi - log ref (unbiased, can be negative per token); k3 = (r - 1) - log r with
+    r = ref / pi (unbiased, never negative, lower variance).
+    """
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
+
+
+def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO's KL term: the k3 estimate of KL(pi || ref) averaged over real tokens (the same
+    token mean as :func:`policy_loss`); the caller multiplies it by beta."""
+    _check_shapes(mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    log_ratio = torch.where(mask.bool(), logprobs - ref_logprobs.to(logprobs.dtype), zero)
+    return masked_mean(kl_per_token(log_ratio, torch.zeros_like(log_ratio), "k3"), mask)
 
 
 def _check_shapes(mask: torch.Tensor, **tensors: torch.Tensor) -> None:

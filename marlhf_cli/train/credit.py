@@ -10,6 +10,9 @@ What each rule reads, all already computed by the rollout (no extra forward pass
 span of every *generated* id (:func:`marlhf_cli.macro.alignment.token_offsets`, never a
 re-tokenization), ``randomized`` a per-sample seed derived from the sample's global index,
 so a resumed run cuts the same sample the same way.
+
+The critic-free baselines (``--advantage rloo|grpo``) replace all of this with one advantage
+per response from its group (:func:`assign_group_credit`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,17 @@ import math
 
 import torch
 
-from ..macro import PendingSegments, TerminationRule, macro_advantages, masked_mean, start_segment_batch
+from ..macro import (
+    PendingSegments,
+    SegmentStats,
+    TerminationRule,
+    grpo_advantages,
+    macro_advantages,
+    masked_mean,
+    rloo_advantages,
+    sequence_to_tokens,
+    start_segment_batch,
+)
 
 
 def make_rule(config) -> TerminationRule:
@@ -128,4 +141,32 @@ def assign_credit(
     experience.advantages = advantages
     experience.returns = returns
     experience.segment_stats = stats
+    return experience
+
+
+def assign_group_credit(experience, method: str, group_size: int, *, whiten_advantages: bool = False):
+    """rloo / grpo: one advantage per response from the other responses to its prompt (the
+    experience holds groups of ``group_size`` consecutive rows), given to each of its tokens.
+
+    RLOO's sequence reward is the sum of the per-token rewards (the score minus the KL
+    penalty); GRPO's is the placed score alone (its KL is a loss term). There are no values,
+    so no returns; every response is one segment, which the segment metrics show.
+    """
+    mask = experience.mask
+    if method == "rloo":
+        per_response = rloo_advantages(torch.where(mask.bool(), experience.rewards, 0.0).sum(dim=1), group_size)
+    elif method == "grpo":
+        per_response = grpo_advantages(experience.scores.to(experience.rewards.dtype), group_size)
+    else:
+        raise ValueError(f"no group baseline called {method!r}; choose rloo or grpo")
+    advantages = sequence_to_tokens(per_response.to(mask.device), mask)
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    lengths = mask.sum(dim=1)
+    experience.segment_ids = torch.zeros_like(mask)  # one segment per response
+    experience.advantages = advantages
+    experience.returns = None
+    experience.segment_stats = SegmentStats(
+        samples=int(mask.shape[0]), segments=int((lengths > 0).sum()), tokens=int(lengths.sum()), fallbacks=0
+    )
     return experience

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..macro import kl_per_token
 from .encode import encode_prompt
 from .forward import critic_values, policy_forward, resident
 from .rewards import RewardFn, ScoringBatch
@@ -91,20 +92,6 @@ class Experience:
 
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(dim=1)
-
-
-def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(pi || ref) from samples of pi.
-
-    k1 = log pi - log ref (unbiased, can be negative per token); k3 = (r - 1) - log r with
-    r = ref / pi (unbiased, never negative, lower variance).
-    """
-    log_ratio = logp - ref_logp
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
 
 
 def final_scores(raw: torch.Tensor, has_eos: torch.Tensor, clip: float, missing_eos_penalty: float | None) -> torch.Tensor:
@@ -210,7 +197,8 @@ def make_experience(
     """Sample one batch and compute every token-level quantity PPO needs (module docstring).
 
     ``sampler``: the module that samples, when it is not ``actor`` itself (under ZeRO-3, a
-    whole-parameter copy of it). ``on_sampled(response_ids, mask)``: called once the
+    whole-parameter copy of it). ``critic``: None for the critic-free baselines (values are
+    then zero). ``on_sampled(response_ids, mask)``: called once the
     responses exist, before the scoring forwards (PPO starts the parser there).
     """
     started = time.perf_counter()
@@ -231,7 +219,10 @@ def make_experience(
     old_logp = logp_of(actor)
     with resident(reference, device, settings.offload_frozen):
         ref_logp = logp_of(reference)
-    values = _batched(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
+    if critic is not None:
+        values = _batched(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
+    else:  # rloo / grpo: no critic, the baseline comes from the group
+        values = torch.zeros_like(old_logp)
     with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
         raw_scores = reward_fn(batch).float().to(old_logp.device)
     scores = final_scores(raw_scores, has_eos.to(raw_scores.device), settings.reward_clip, settings.missing_eos_penalty)

@@ -12,6 +12,9 @@ Each step of :func:`run` is one iteration of the paper's Algorithm 1::
 
 MA-PPO and PPO are the same code: ``--termination fixed --n 1`` makes every token its own
 segment, which is token-level PPO exactly (tested), and the run says so when it starts.
+``--advantage rloo|grpo`` replaces steps 4-5 (and the critic) with a group baseline over
+``--samples-per-prompt`` responses to each prompt (:mod:`marlhf_cli.macro.baselines`); no
+critic is built, trained, checkpointed or exported.
 
 Inputs: the policy and reference come from the run's SFT model, the critic and the reward
 from its reward model (``--policy`` / ``--reward-model`` override; the ``tiny`` alias works
@@ -29,6 +32,7 @@ deterministic).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -41,7 +45,7 @@ import torch
 from .. import artifacts, checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
-from ..macro import RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
+from ..macro import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
 from ..macro.segmentation import warm_up
 from ..seeding import derived_seed
 from . import common, credit, loop
@@ -67,18 +71,60 @@ def run_name(config) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.name):
             raise UserError(f"--name '{config.name}': use letters, digits, '.', '_' and '-' only")
         return config.name
+    k = group_size(config)
+    suffix = "" if k == DEFAULT_GROUP_SIZE[config.advantage] else f"-k{k}"
+    if is_critic_free(config):
+        return config.advantage + suffix + ("" if config.ratio == "token" else f"-{config.ratio}-ratio")
     rule = credit.make_rule(config)
     if credit.is_vanilla(rule):
-        return "vanilla"
+        return "vanilla" + suffix
     name = f"fixed{'-inf' if math.isinf(rule.n) else int(rule.n)}" if rule.name == "fixed" else rule.name
     if config.value_function != "equal":
         name += f"-{config.value_function}"
     if config.ratio != "token":
         name += f"-{config.ratio}-ratio"
-    return name
+    return name + suffix
+
+
+# responses per prompt when --samples-per-prompt is not given
+DEFAULT_GROUP_SIZE = {"gae": 1, "rloo": 4, "grpo": 4}
+
+
+def is_critic_free(config) -> bool:
+    """rloo and grpo: the baseline comes from the group, there is no critic."""
+    return config.advantage in ("rloo", "grpo")
+
+
+def group_size(config) -> int:
+    """K, the responses sampled per prompt (``--samples-per-prompt``, or the estimator's default)."""
+    return config.samples_per_prompt if config.samples_per_prompt is not None else DEFAULT_GROUP_SIZE[config.advantage]
+
+
+def check_critic_free_flags(config, critic_flags: Sequence[str]) -> None:
+    """A critic-free run given critic or macro-action flags on the command line is a user
+    error (those flags could only be silently ignored); values from a preset or a config file
+    simply do not apply, and the start-up line says what runs."""
+    if is_critic_free(config) and critic_flags:
+        raise UserError(
+            f"--advantage {config.advantage} trains no critic and assigns credit per response: "
+            f"{', '.join(critic_flags)} do not apply (drop them, or use --advantage gae)"
+        )
 
 
 REWARDS = ("model", "apps")
+
+
+def describe(config, rule) -> str:
+    """The start-up line's account of what this run does (also run.json's credit_assignment)."""
+    k = group_size(config)
+    if config.advantage == "rloo":
+        what = f"RLOO (no critic: {k} responses per prompt, leave-one-out baseline, KL penalty in the reward"
+    elif config.advantage == "grpo":
+        what = f"GRPO (no critic: {k} responses per prompt, group-normalised score, KL loss k3 x {config.kl_coef:g}"
+    else:
+        return credit.describe(rule, config.value_function, config.ratio) + (f", {k} responses per prompt" if k > 1 else "")
+    ratio = "one ratio per response" if config.ratio == "macro" else "token ratios"
+    return what + f"; {ratio}; termination rules and value functions do not apply)"
 
 
 def reward_kind(config) -> str:
@@ -118,8 +164,9 @@ def check_options(config) -> None:
         "termination": RULE_NAMES,
         "value_function": VALUE_FUNCTIONS,
         "ratio": RATIO_MODES,
-        "kl_estimator": ("k1", "k3"),
+        "kl_estimator": KL_ESTIMATORS,
         "reward": REWARDS,
+        "advantage": ADVANTAGE_ESTIMATORS,
     }
     for key, allowed in choices.items():
         if getattr(config, key) is not None and getattr(config, key) not in allowed:
@@ -129,6 +176,10 @@ def check_options(config) -> None:
         credit.make_rule(config)
     except ValueError as err:
         raise UserError(str(err)) from None
+    k = group_size(config)
+    if k < (2 if is_critic_free(config) else 1):
+        least = "2 (a group baseline needs other responses)" if is_critic_free(config) else "1"
+        raise UserError(f"--samples-per-prompt must be at least {least} with --advantage {config.advantage}, got {k}")
     positive = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_new_tokens", "max_prompt_length", "max_steps")
     for key in positive:
         if getattr(config, key) < 1:
@@ -140,9 +191,10 @@ def check_options(config) -> None:
     if not (0 <= config.gamma <= 1 and 0 <= config.lam <= 1):
         raise UserError("--gamma and --lam must be in [0, 1]")
     processes = eng.world_size()
-    if config.rollout_batch_size % config.mini_batch_size:
+    if responses_per_step(config) % config.mini_batch_size:
         raise UserError(
-            f"--rollout-batch-size {config.rollout_batch_size} must be a multiple of --mini-batch-size {config.mini_batch_size}"
+            f"the {responses_per_step(config)} responses of a step (--rollout-batch-size {config.rollout_batch_size} x "
+            f"--samples-per-prompt {k}) must be a multiple of --mini-batch-size {config.mini_batch_size}"
         )
     if config.rollout_batch_size % processes:
         raise UserError(f"--rollout-batch-size {config.rollout_batch_size} must be a multiple of the {processes} processes")
@@ -152,8 +204,13 @@ def check_options(config) -> None:
 def fingerprint(config, name: str, prompts: int) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it."""
     keys = ("seed", "rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_steps", "termination", "n",
-            "value_function", "ratio", "policy", "reward_model", "reward")  # fmt: skip
-    return {"name": name, "prompts": prompts, **{k: getattr(config, k) for k in keys}}
+            "value_function", "ratio", "policy", "reward_model", "reward", "advantage")  # fmt: skip
+    return {"name": name, "prompts": prompts, "samples_per_prompt": group_size(config), **{k: getattr(config, k) for k in keys}}
+
+
+def responses_per_step(config) -> int:
+    """Responses generated per PPO step over all processes: prompts x K."""
+    return config.rollout_batch_size * group_size(config)
 
 
 # ---------------------------------------------------------------------------------------
@@ -178,12 +235,14 @@ class PromptSchedule:
     def indices(self, step: int) -> list[int]:
         return loop.global_batch(len(self.records), self.batch_size, self.seed, step)
 
-    def for_rank(self, step: int, rank: int, processes: int) -> tuple[list[dict], list[int]]:
-        """This process's records of step ``step`` and their global sample numbers."""
+    def for_rank(self, step: int, rank: int, processes: int, group: int = 1) -> tuple[list[dict], list[int]]:
+        """This process's records of step ``step``, each repeated ``group`` times in a row (a
+        group never spans processes), and the global sample number of every response."""
         per = self.batch_size // processes
         chosen = self.indices(step)[rank * per : (rank + 1) * per]
-        numbers = [step * self.batch_size + rank * per + i for i in range(per)]
-        return [self.records[i] for i in chosen], numbers
+        first = step * self.batch_size + rank * per  # the global number of this rank's first prompt
+        numbers = [(first + i) * group + j for i in range(per) for j in range(group)]
+        return [self.records[i] for i in chosen for _ in range(group)], numbers
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,7 +252,7 @@ class PromptSchedule:
 @dataclass
 class Models:
     actor: Any  # DeepSpeed engine around the policy
-    critic: Any  # DeepSpeed engine around TokenValues(reward-model copy)
+    critic: Any  # DeepSpeed engine around TokenValues(reward-model copy); None for rloo/grpo
     reference: Any  # frozen policy copy
     reward: RewardFn
     tokenizer: Any
@@ -203,33 +262,38 @@ class Models:
 
 def optimizer_steps(config) -> int:
     """Optimizer steps per engine over the run (for the learning-rate schedule)."""
-    return config.max_steps * config.ppo_epochs * (config.rollout_batch_size // config.mini_batch_size)
+    return config.max_steps * config.ppo_epochs * (responses_per_step(config) // config.mini_batch_size)
 
 
 def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | None) -> Models:
-    """Actor and critic engines, the frozen reference, the reward, and the tokenizer."""
+    """Actor and critic engines (no critic for rloo/grpo), the frozen reference, the reward,
+    and the tokenizer."""
     from ..models import load_causal_lm, load_reward_model, load_tokenizer
 
     tokenizer = load_tokenizer(policy, padding_side="left")
     dtype = config.dtype
     actor_model = load_causal_lm(policy, dtype=dtype)
     reference = load_causal_lm(policy, dtype=dtype)
-    critic_model = load_reward_model(reward_model, dtype=dtype)
+    critic_model = None if is_critic_free(config) else load_reward_model(reward_model, dtype=dtype)
     for model in (actor_model, reference, critic_model):
-        disable_dropout(model)
-        model.config.pad_token_id = tokenizer.pad_token_id
-    if critic_model.config.vocab_size < len(tokenizer):
-        raise UserError(f"--reward-model '{reward_model}' does not share the vocabulary of --policy '{policy}'")
+        if model is not None:
+            disable_dropout(model)
+            model.config.pad_token_id = tokenizer.pad_token_id
+    if critic_model is not None:
+        _check_vocabulary(critic_model, tokenizer, reward_model, policy)
     total = optimizer_steps(config)
     actor = eng.build_engine(actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=total)
-    critic = eng.build_engine(
-        TokenValues(critic_model), config, lr=config.critic_lr, batch_size=config.mini_batch_size, total_steps=total
-    )
+    critic = None
+    if critic_model is not None:
+        critic = eng.build_engine(
+            TokenValues(critic_model), config, lr=config.critic_lr, batch_size=config.mini_batch_size, total_steps=total
+        )
     device = actor.device
     reference.eval().requires_grad_(False)
     reference.to("cpu" if config.offload_frozen else device)
     if reward_fn is None:
         rm = load_reward_model(reward_model, dtype=dtype)
+        _check_vocabulary(rm, tokenizer, reward_model, policy)
         disable_dropout(rm)
         rm.eval().requires_grad_(False)
         rm.to("cpu" if config.offload_frozen else device)
@@ -240,6 +304,12 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
         return model
 
     return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy))
+
+
+def _check_vocabulary(model, tokenizer, source: str, policy: str) -> None:
+    """The reward model (and the critic made from it) reads the policy's token ids."""
+    if model.config.vocab_size < len(tokenizer):
+        raise UserError(f"--reward-model '{source}' does not share the vocabulary of --policy '{policy}'")
 
 
 def micro_batch(config) -> int:
@@ -263,6 +333,28 @@ class Context:
     update: UpdateSettings
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
 
+    @property
+    def critic_free(self) -> bool:
+        return is_critic_free(self.config)
+
+
+def make_context(config, models: Models, records: Sequence[dict]) -> Context:
+    """The step's settings from the config (also what the benchmarks build)."""
+    micro = micro_batch(config)
+    # GRPO puts the KL to the reference in the loss (beta * k3), not in the reward
+    kl_in_loss = config.advantage == "grpo"
+    rollout = RolloutSettings.from_config(config, forward_batch_size=micro)
+    return Context(
+        config=config, models=models, rule=credit.make_rule(config),
+        schedule=PromptSchedule(records, config.rollout_batch_size, config.seed),
+        rollout=dataclasses.replace(rollout, kl_coef=0.0) if kl_in_loss else rollout,
+        update=UpdateSettings(
+            epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
+            micro_batch_size=micro, clip_range=config.clip_range, value_clip_range=config.value_clip_range,
+            ratio=config.ratio, temperature=config.temperature, kl_loss_coef=config.kl_coef if kl_in_loss else 0.0,
+        ),
+    )  # fmt: skip
+
 
 def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     """One iteration of Algorithm 1 (0-based ``step``); returns the step's metrics."""
@@ -271,8 +363,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     began = time.perf_counter()
     torch.manual_seed(derived_seed(config.seed, step, rank, "rollout"))
 
-    # 1. a batch of prompts
-    records, sample_numbers = ctx.schedule.for_rank(step, rank, processes)
+    # 1. a batch of prompts, each repeated K times (a group; K = 1 for PPO / MA-PPO)
+    records, sample_numbers = ctx.schedule.for_rank(step, rank, processes, group_size(config))
 
     # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
     # with a --parse-workers pool starts parsing as soon as the responses exist, so the
@@ -280,6 +372,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     segmentation: dict[str, Any] = {}  # the parse started on the pool, if any
 
     def start_segmentation(response_ids, mask):
+        if ctx.critic_free:
+            return
         segmentation["pending"] = credit.start_segmentation(
             ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
         )
@@ -291,15 +385,22 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     )  # fmt: skip
 
     # 4-5. macro actions from the termination rule; GAE over segments, broadcast to tokens
+    # (rloo / grpo: one advantage per response from its group, no critic)
     credited = time.perf_counter()
-    credit.assign_credit(
-        experience, ctx.rule, tokenizer=models.tokenizer, gamma=config.gamma, lam=config.lam,
-        value_function=config.value_function, whiten_advantages=config.whiten_advantages,
-        sample_seeds=sample_numbers, executor=ctx.executor, pending=segmentation.get("pending"),
-    )  # fmt: skip
+    if ctx.critic_free:
+        credit.assign_group_credit(
+            experience, config.advantage, group_size(config), whiten_advantages=config.whiten_advantages
+        )
+    else:
+        credit.assign_credit(
+            experience, ctx.rule, tokenizer=models.tokenizer, gamma=config.gamma, lam=config.lam,
+            value_function=config.value_function, whiten_advantages=config.whiten_advantages,
+            sample_seeds=sample_numbers, executor=ctx.executor, pending=segmentation.get("pending"),
+        )  # fmt: skip
     credit_seconds = time.perf_counter() - credited
 
-    # 6. PPO epochs over minibatches: clipped policy loss (actor), clipped value loss (critic)
+    # 6. PPO epochs over minibatches: clipped policy loss (actor), clipped value loss (critic;
+    # grpo adds beta * KL to the policy loss instead of the KL penalty in the reward)
     trained = time.perf_counter()
     generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
     update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator)
@@ -315,7 +416,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     metrics["step_time"] = time.perf_counter() - began
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
     metrics["actor_lr"] = eng.current_lr(models.actor)
-    metrics["critic_lr"] = eng.current_lr(models.critic)
+    if models.critic is not None:
+        metrics["critic_lr"] = eng.current_lr(models.critic)
     return metrics
 
 
@@ -335,7 +437,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "eos": float(experience.has_eos.float().sum()),
         "value": float((experience.values * mask).sum()),
         "advantage": float((experience.advantages * mask).sum()),
-        "return": float((experience.returns * mask).sum()),
+        "return": float((experience.returns * mask).sum()) if experience.returns is not None else 0.0,
         "segments": float(stats.segments),
         "segment_tokens": float(stats.tokens),
         "fallbacks": float(stats.fallbacks),
@@ -359,6 +461,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "return": total["return"] / tokens,
         "segment_length": total["segment_tokens"] / max(total["segments"], 1.0),
         "segments_per_response": total["segments"] / samples,
+        "responses": samples,  # generated this step, over all processes: prompts x K
         "parse_fallbacks": total["fallbacks"],
         "response_tokens": total["response_tokens"],
     }
@@ -402,22 +505,12 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     check_options(config)
     run_dir = RunDir(config.run_dir)
     name = run_name(config)
-    rule = credit.make_rule(config)
     policy, reward_model = model_sources(config, run_dir)
     prompts = common.load_split(config, "ppo", config.max_records)
     held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
     models = build_models(config, policy, reward_model, reward_fn or make_reward(config))
-    schedule = PromptSchedule(prompts.records, config.rollout_batch_size, config.seed)
-    micro = micro_batch(config)
-    ctx = Context(
-        config=config, models=models, rule=rule, schedule=schedule,
-        rollout=RolloutSettings.from_config(config, forward_batch_size=micro),
-        update=UpdateSettings(
-            epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
-            micro_batch_size=micro, clip_range=config.clip_range, value_clip_range=config.value_clip_range,
-            ratio=config.ratio, temperature=config.temperature,
-        ),
-    )  # fmt: skip
+    ctx = make_context(config, models, prompts.records)
+    rule = ctx.rule
     stage_key = f"{STAGE}/{name}"
     root = checkpoint_root(run_dir, name)
     expected = fingerprint(config, name, len(prompts.records))
@@ -425,23 +518,27 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     if config.resume:
         start = resume(ctx, root, expected)
     else:
-        if eng.is_main() and latest_common(root) is not None:
+        if eng.is_main() and latest_common(root, critic=not ctx.critic_free) is not None:
             common.say(f"fresh run: removing old checkpoints in {root} (pass --resume to continue them)")
         checkpoints.clear_checkpoints(root)
-    common.say(f"ppo '{name}': {credit.describe(rule, config.value_function, config.ratio)}")
+    what_runs = describe(config, rule)
+    common.say(f"ppo '{name}': {what_runs}")
+    k = group_size(config)
+    per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
     common.say(
-        f"policy {policy}, reward {models.reward.name}, critic from {reward_model}, {len(prompts.records)} prompts, "
-        f"{config.max_steps} steps of {config.rollout_batch_size} responses, {eng.world_size()} process(es)"
+        f"policy {policy}, reward {models.reward.name}"
+        + ("" if ctx.critic_free else f", critic from {reward_model}")
+        + f", {len(prompts.records)} prompts, {config.max_steps} steps of {per_step}, {eng.world_size()} process(es)"
         + (f", resuming at step {start}" if start else "")
     )
     inputs = {
         "policy": policy, "reward_model": reward_model, "reward": models.reward.name, "dataset": config.dataset,
         "data_file": config.data_file, "source": prompts.source, "prompts": len(prompts.records),
-        "eval_prompts": len(held_out), "processes": eng.world_size(),
-        "credit_assignment": credit.describe(rule, config.value_function, config.ratio),
+        "eval_prompts": len(held_out), "processes": eng.world_size(), "credit_assignment": what_runs,
+        "responses_per_step": responses_per_step(config),
     }  # fmt: skip
     common.record(run_dir, stage_key, config, inputs, None, status="running")
-    if rule.needs_text and config.parse_workers > 0:
+    if rule.needs_text and config.parse_workers > 0 and not ctx.critic_free:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -478,7 +575,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
             models.reward.close()
     out_dir = run_dir.stage_dir(STAGE, name)
     # the critic first: the actor's config.json is what marks ppo/<name> as finished
-    checkpoints.export_pretrained(models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model)
+    if models.critic is not None:
+        checkpoints.export_pretrained(models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model)
     checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer)
     metrics: dict[str, Any] = {}
     if eng.is_main():

@@ -1,5 +1,6 @@
 """PPO's resume checkpoints: the actor and the critic engine, saved one after the other; a step
-counts as saved only once both are complete, and resuming takes the newest such step."""
+counts as saved only once both are complete, and resuming takes the newest such step. A
+critic-free run (rloo, grpo) has the actor alone."""
 
 from __future__ import annotations
 
@@ -15,25 +16,31 @@ KEEP_CHECKPOINTS = 2  # actor and critic are saved one after the other: keep a c
 def save(ctx: Any, root: Path, step: int, state: dict) -> None:
     """Actor then critic, each atomically; a step counts once both are complete."""
     checkpoints.save_checkpoint(ctx.models.actor, root / "actor", step, state, keep=KEEP_CHECKPOINTS)
-    checkpoints.save_checkpoint(ctx.models.critic, root / "critic", step, state, keep=KEEP_CHECKPOINTS)
+    if ctx.models.critic is not None:
+        checkpoints.save_checkpoint(ctx.models.critic, root / "critic", step, state, keep=KEEP_CHECKPOINTS)
 
 
-def latest_common(root: Path) -> tuple[Path, Path] | None:
-    """The newest step for which both the actor and the critic checkpoint are complete."""
-    actor = {p.name: p for p in checkpoints.list_checkpoints(root / "actor")}
-    critic = {p.name: p for p in checkpoints.list_checkpoints(root / "critic")}
-    common_tags = sorted(set(actor) & set(critic))
-    return (actor[common_tags[-1]], critic[common_tags[-1]]) if common_tags else None
+def latest_common(root: Path, critic: bool = True) -> tuple[Path, Path | None] | None:
+    """The newest step for which the actor and (with ``critic``) the critic checkpoint are
+    complete: (actor dir, critic dir or None)."""
+    actors = {p.name: p for p in checkpoints.list_checkpoints(root / "actor")}
+    if not critic:
+        return (actors[sorted(actors)[-1]], None) if actors else None
+    critics = {p.name: p for p in checkpoints.list_checkpoints(root / "critic")}
+    common_tags = sorted(set(actors) & set(critics))
+    return (actors[common_tags[-1]], critics[common_tags[-1]]) if common_tags else None
 
 
 def resume(ctx: Any, root: Path, expected: dict) -> int:
     """Restore actor, critic (model, optimizer, scheduler, RNG); return the step to continue at."""
-    found = eng.broadcast_object(latest_common(root))
+    with_critic = ctx.models.critic is not None
+    found = eng.broadcast_object(latest_common(root, critic=with_critic))
     if found is None:
         common.say(f"--resume: no checkpoint in {root} yet; starting from step 0")
         return 0
     actor_dir, critic_dir = found
     checkpoints.check_fingerprint(actor_dir, expected)
     state = checkpoints.load_checkpoint(ctx.models.actor, actor_dir)
-    checkpoints.load_checkpoint(ctx.models.critic, critic_dir)
+    if with_critic:
+        checkpoints.load_checkpoint(ctx.models.critic, critic_dir)
     return int(state["step"])

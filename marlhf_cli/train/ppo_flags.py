@@ -21,8 +21,12 @@ Policy = Annotated[Optional[str], _opt("--policy", "Policy and reference model (
 RewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model, also the critic's initialisation (hub id, folder, alias 'tiny'). With --dataset apps the reward is the tests' outcome and the critic starts from the policy unless this is given. \\[default: the run's rm/]")]
 Reward = Annotated[Optional[str], _opt("--reward", "Where scores come from: model (the reward model) or apps (run the generated program on the record's tests, ma-ppo.md §6). \\[default: apps for --dataset apps, else model]")]
 
+# advantage estimator
+Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline) or grpo (group-normalised score, KL as a loss term); rloo and grpo train no critic. \\[default: gae]")]
+SamplesPerPrompt = Annotated[Optional[int], _opt("--samples-per-prompt", "Responses sampled per prompt (K, one group); a step generates --rollout-batch-size x K responses. rloo/grpo need K >= 2. \\[default: 1 for gae, 4 for rloo/grpo]")]
+
 # Algorithm 1 / Table 5
-RolloutBatch = Annotated[Optional[int], _opt("--rollout-batch-size", "Responses sampled per PPO step, over all processes. \\[default: 256]")]
+RolloutBatch = Annotated[Optional[int], _opt("--rollout-batch-size", "Prompts per PPO step, over all processes; each is answered --samples-per-prompt times. \\[default: 256]")]
 MiniBatch = Annotated[Optional[int], _opt("--mini-batch-size", "Responses per optimizer step (actor and critic each), over all processes. \\[default: 32]")]
 PPOEpochs = Annotated[Optional[int], _opt("--ppo-epochs", "Passes over each rollout batch. \\[default: 1]")]
 ActorLr = Annotated[Optional[float], _opt("--actor-lr", "Actor (policy) learning rate. \\[default: 1.5e-5]")]
@@ -31,7 +35,7 @@ ClipRange = Annotated[Optional[float], _opt("--clip-range", "PPO ratio clip epsi
 ValueClipRange = Annotated[Optional[float], _opt("--value-clip-range", "Critic value clip around the old value. \\[default: 0.2]")]
 Gamma = Annotated[Optional[float], _opt("--gamma", "Discount over segments (macro actions). \\[default: 1.0]")]
 Lam = Annotated[Optional[float], _opt("--lam", "GAE lambda over segments. \\[default: 0.95]")]
-KlCoef = Annotated[Optional[float], _opt("--kl-coef", "beta of the per-token KL penalty -beta * KL(pi || ref). \\[default: 0.05]")]
+KlCoef = Annotated[Optional[float], _opt("--kl-coef", "beta of the KL to the reference: a per-token penalty -beta * KL in the reward (gae, rloo), or beta * k3 KL added to the loss (grpo). \\[default: 0.05]")]
 KlEstimator = Annotated[Optional[str], _opt("--kl-estimator", "Per-token KL estimate in the reward: k1 (log-ratio) or k3. \\[default: k1]")]
 RewardClip = Annotated[Optional[float], _opt("--reward-clip", "Clip the (normalised) reward-model score to [-c, c] before placing it. \\[default: 5.0]")]
 Whiten = Annotated[Optional[bool], _switch("--whiten-advantages", "Normalise advantages over each rollout batch (the paper does not). \\[default: off]")]

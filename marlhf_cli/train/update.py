@@ -10,6 +10,10 @@ when ``gradient_accumulation_steps`` = micro-batches per minibatch, scaling each
 Losses are the macro ones (ma-ppo.md §5): every token carries its segment's advantage and
 return; ``ratio="macro"`` uses one ratio per segment. Each micro-batch's loss is a mean over
 its own real tokens (with one micro-batch per minibatch: over the minibatch's tokens).
+
+Critic-free runs (rloo, grpo) pass ``critic=None``: only the actor is trained. GRPO sets
+``kl_loss_coef`` (beta): the loss becomes the clipped surrogate plus beta times the k3 KL to
+the reference, both token means over the micro-batch's real tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..macro import masked_mean, policy_loss, value_loss
+from ..macro import kl_loss, masked_mean, policy_loss, value_loss
 from .forward import critic_values, policy_forward
 
 
@@ -32,16 +36,17 @@ class UpdateSettings:
     value_clip_range: float = 0.2
     ratio: str = "token"
     temperature: float = 0.8
+    kl_loss_coef: float = 0.0  # GRPO's beta: KL to the reference as a loss term (0: none)
 
 
 def _select(experience, index: torch.Tensor) -> dict[str, torch.Tensor]:
     keep = {
         "sequences": experience.sequences, "attention_mask": experience.attention_mask,
-        "mask": experience.mask, "old_logp": experience.old_logp, "values": experience.values,
-        "advantages": experience.advantages, "returns": experience.returns,
+        "mask": experience.mask, "old_logp": experience.old_logp, "ref_logp": experience.ref_logp,
+        "values": experience.values, "advantages": experience.advantages, "returns": experience.returns,
         "segment_ids": experience.segment_ids,
-    }
-    return {key: value[index] for key, value in keep.items()}
+    }  # fmt: skip
+    return {key: value[index] for key, value in keep.items() if value is not None}
 
 
 def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator: torch.Generator | None = None) -> dict[str, float]:
@@ -51,7 +56,8 @@ def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator
     sums: dict[str, float] = defaultdict(float)
     count = 0
     for model in (actor, critic):
-        model.train()
+        if model is not None:
+            model.train()
     for _ in range(settings.epochs):
         order = torch.randperm(size, generator=generator).to(experience.mask.device)
         for start in range(0, size, settings.mini_batch_size):
@@ -68,21 +74,26 @@ def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator
                     logp, part["old_logp"], part["advantages"], mask,
                     clip=settings.clip_range, ratio=settings.ratio, segment_ids=part["segment_ids"],
                 )
+                sums["policy_loss"] += float(actor_loss.detach())
+                if settings.kl_loss_coef:
+                    reference_kl = kl_loss(logp, part["ref_logp"], mask)
+                    actor_loss = actor_loss + settings.kl_loss_coef * reference_kl
+                    sums["kl_loss"] += float(reference_kl.detach())
                 actor.backward(actor_loss)
                 actor.step()
 
-                values = critic_values(critic, part["sequences"], part["attention_mask"], prompt_length)
-                critic_loss, critic_stats = value_loss(
-                    values, part["values"], part["returns"], mask, clip=settings.value_clip_range
-                )
-                critic.backward(critic_loss)
-                critic.step()
+                if critic is not None:
+                    values = critic_values(critic, part["sequences"], part["attention_mask"], prompt_length)
+                    critic_loss, critic_stats = value_loss(
+                        values, part["values"], part["returns"], mask, clip=settings.value_clip_range
+                    )
+                    critic.backward(critic_loss)
+                    critic.step()
+                    sums["value_loss"] += float(critic_loss.detach())
+                    sums["value_clip_fraction"] += float(critic_stats["clip_fraction"])
 
-                sums["policy_loss"] += float(actor_loss.detach())
-                sums["value_loss"] += float(critic_loss.detach())
                 sums["clip_fraction"] += float(actor_stats["clip_fraction"])
                 sums["approx_kl"] += float(actor_stats["approx_kl"])
-                sums["value_clip_fraction"] += float(critic_stats["clip_fraction"])
                 sums["entropy"] += float(masked_mean(entropy, mask))
                 count += 1
     return {key: value / max(count, 1) for key, value in sums.items()}
