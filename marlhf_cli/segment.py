@@ -228,6 +228,19 @@ def parse_rules(spec: str) -> list[str]:
     return rules
 
 
+def check_parser(backend: str) -> None:
+    """One-line error, before anything is loaded, when the parsing rule cannot run."""
+    from .macro import TerminationRule, missing_parser
+
+    try:
+        rule = TerminationRule("parsing", backend=backend)
+    except ValueError as err:
+        raise UserError(f"--backend: {err}") from None
+    missing = missing_parser(rule)
+    if missing:
+        raise UserError(f"--rule parsing needs a parser: {missing}")
+
+
 def run(config, source: str) -> None:
     """What ``marlhf segment`` does: read, segment with each rule, print."""
     from .models import load_causal_lm, load_tokenizer
@@ -235,6 +248,8 @@ def run(config, source: str) -> None:
     rules = parse_rules(config.rule)
     if config.format not in ("text", "json"):
         raise UserError(f"--format: expected 'text' or 'json', got '{config.format}'")
+    if "parsing" in rules:
+        check_parser(config.backend)
     responses = read_responses(source)
     tokenizer = load_tokenizer(config.tokenizer)
     model = None

@@ -140,7 +140,8 @@ def parsing_lengths_batch(
         return results
     chosen = resolve_backend(backend)
     if chosen is None:
-        raise ParserUnavailable(missing_parser(backend) or f"the {backend} parser failed to load")
+        missing = missing_parser(backend) or f"the {backend} parser is installed but failed to load"
+        raise ParserUnavailable(f"the parsing rule needs a parser: {missing}")
     parsed = _parse_many(chosen, [texts[i] for i in parseable], batch_size)
     for index, trees in zip(parseable, parsed):
         if trees is None:
@@ -175,7 +176,8 @@ STANZA_INSTALL = (
 
 
 def missing_parser(backend: str = "auto") -> str | None:
-    """None when ``backend`` has an installed parser, else one line saying what to install.
+    """None when ``backend`` has an installed parser, else what is missing and how to install
+    it, in one line.
 
     Cheap enough for start-up (imports the parser package, never loads its model), so the
     commands fail before loading any language model. The real import is attempted, so an
@@ -187,7 +189,7 @@ def missing_parser(backend: str = "auto") -> str | None:
         return None
     if backend == "stanza":
         what = "stanza is not installed" if not _importable("stanza") else "stanza's English constituency model is not installed"
-        return f"no parser for the parsing rule: {what} ({STANZA_INSTALL})"
+        return f"{what} ({STANZA_INSTALL})"
     if not _importable("spacy"):
         what = "spaCy is not installed"
     elif not any(_importable(name) for name in SPACY_MODEL_NAMES):
@@ -195,7 +197,7 @@ def missing_parser(backend: str = "auto") -> str | None:
     else:
         return None
     also = " or stanza with its English model" if backend == "auto" else ""
-    return f"no parser for the parsing rule: {what} ({SPACY_INSTALL}{also})"
+    return f"{what} ({SPACY_INSTALL}{also})"
 
 
 def _importable(module: str) -> bool:
