@@ -14,6 +14,7 @@ Invariants of every successful result (module docstring of parsing.py):
 
 from __future__ import annotations
 
+import bisect
 import random
 
 import pytest
@@ -236,17 +237,27 @@ def test_random_trees_keep_the_invariants():
             word = "w" * rng.randint(1, 6)
             words.append((len(text), len(text) + len(word)))
             cut = len(text)
-            while cut < len(text) + len(word):  # split the word into 1..3 tokens
+            while cut < len(text) + len(word):  # split the word into 1..6 tokens
                 step = rng.randint(1, len(text) + len(word) - cut)
                 tokens.append((cut, cut + step))
                 cut += step
             text += word
         tokens.sort()
-        tree = random_tree(rng, 0, n_words)
+        # one to three sentences, each its own tree
+        bounds = [0, *sorted(rng.sample(range(1, n_words), min(n_words - 1, rng.randint(0, 2)))), n_words]
+        trees = [random_tree(rng, a, b) for a, b in zip(bounds, bounds[1:])]
         cutoff = rng.randint(1, 8)
-        lengths = segment_lengths([tree], words, text, tokens, cutoff)
+        lengths = segment_lengths(trees, words, text, tokens, cutoff)
         assert_invariants(text, tokens, lengths, words, cutoff)
-        assert segment_lengths([tree], words, text, tokens, len(tokens)) == [len(tokens)]
+        assert segment_lengths(trees, words, text, tokens, len(tokens)) == [len(tokens)]
+        # no segment spans two sentences, unless the whole text fits in one segment
+        if len(lengths) > 1:
+            token_words = tokens_to_words(text, tokens, words)
+            sentence = [None if w is None else bisect.bisect_right(bounds, w) for w in token_words]
+            cursor = 0
+            for length in lengths:
+                assert len({x for x in sentence[cursor : cursor + length] if x is not None}) == 1
+                cursor += length
 
 
 # --------------------------------------------------------------------------------------------

@@ -101,7 +101,8 @@ def test_stats_compare_rules(texts, tokenizer):
     assert rows["parsing"]["fallbacks"] == 0
     assert rows["fixed"]["max"] == 5 and rows["fixed"]["over_cutoff"] == 0
     # --cutoff 2 on fixed 5: every full segment of 5 is longer than C
-    fixed = json.loads(invoke(str(texts["plain"]), "--rule", "fixed", "--cutoff", "2", "--stats", "--format", "json").stdout)
+    result = invoke(str(texts["plain"]), "--rule", "fixed", "--cutoff", "2", "--stats", "--format", "json")
+    fixed = json.loads(result.stdout)
     full = fixed["tokens"] // 5 + (fixed["tokens"] % 5 > 2)  # the last one counts when longer than 2
     assert fixed["cutoff"] == 2 and fixed["over_cutoff"] == pytest.approx(full / fixed["segments"])
     table = invoke(str(texts["jsonl"]), "--rule", "fixed,parsing", "--stats")

@@ -188,7 +188,9 @@ def missing_parser(backend: str = "auto") -> str | None:
     if backend in ("auto", "stanza") and stanza_model_available():
         return None
     if backend == "stanza":
-        what = "stanza is not installed" if not _importable("stanza") else "stanza's English constituency model is not installed"
+        what = "stanza's English constituency model is not installed"
+        if not _importable("stanza"):
+            what = "stanza is not installed"
         return f"{what} ({STANZA_INSTALL})"
     if not _importable("spacy"):
         what = "spaCy is not installed"
