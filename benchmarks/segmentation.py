@@ -7,12 +7,18 @@ embedded HH sample. Rules run through `segment_batch`, the path PPO takes; ppl i
 the reference log-probs (in PPO they come free with the experience). The last line is the
 headline: how many times faster `macro_advantages` is than a per-sample reference loop at
 B=64, T=512 (fixed n=5), both measured in this run.
+
+The second table is the length distribution of each rule's segments (mean, p95, max, share
+longer than the rule's C: 5, 10 for code), raw and with whitespace-only tokens at a segment's ends set aside (the
+length the parsing rule's bound applies to). It reads only what `segment_batch` returns, so
+the same script measures an older checkout (PYTHONPATH=that checkout) for a before/after.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
 from pathlib import Path
@@ -92,10 +98,14 @@ def main() -> None:
     print(f"# {len(texts)} HH responses ({source}) for every rule but code; {len(programs)} APPS solutions for code")
     print(f"# {platform.machine()}, {torch.get_num_threads()} torch threads")
     print(f"{'rule':<12}{'tokens':>8}{'tokens/s':>12}{'mean len':>10}{'fallbacks':>11}")
+    distributions = []
     for name in ("fixed", "randomized", "ppl", "parsing", "code"):
         inputs = programs if name == "code" else texts
-        tokens, seconds, stats = time_rule(TerminationRule(name, n=5), tokenizer, inputs, args.repeats)
+        rule = TerminationRule(name, n=5)
+        tokens, seconds, stats, lengths = time_rule(rule, tokenizer, inputs, args.repeats)
         print(f"{name:<12}{tokens:>8}{tokens / seconds:>12,.0f}{stats.mean_length:>10.2f}{stats.fallbacks:>11}")
+        distributions.append((name, rule.cutoff, lengths))
+    print_distributions(distributions)
     advantage_speedup(args.repeats)
 
 
@@ -108,9 +118,34 @@ def time_rule(rule, tokenizer, texts, repeats):
     mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
     ref_logprobs = [(-torch.rand(n) * 4).tolist() for n in lengths]
     kwargs = dict(texts=[d[0] for d in decoded], offsets=[d[1] for d in decoded], ref_logprobs=ref_logprobs)
-    _, stats = segment_batch(rule, mask, **kwargs)  # also loads a parser before the clock starts
+    ids, stats = segment_batch(rule, mask, **kwargs)  # also loads a parser before the clock starts
     seconds = best_of(repeats if rule.name != "parsing" else 1, lambda: segment_batch(rule, mask, **kwargs))
-    return sum(lengths), seconds, stats
+    segments = []  # (raw length, length without the whitespace at its ends) of every segment
+    for row, n, (text, offsets) in zip(ids, lengths, decoded):
+        per_segment = torch.bincount(row[:n]).tolist()
+        blank = [not text[a:b].strip() for a, b in offsets]
+        first = 0
+        for size in per_segment:
+            inside = [i for i in range(first, first + size) if not blank[i]]
+            segments.append((size, inside[-1] - inside[0] + 1 if inside else 0))
+            first += size
+    return sum(lengths), seconds, stats, segments
+
+
+def print_distributions(distributions) -> None:
+    """Per rule: mean, p95 and max segment length, the share of segments longer than C and the
+    share of tokens in them; raw, then (*) whitespace at a segment's ends aside."""
+    print("# segment lengths; * = whitespace-only tokens at a segment's ends aside")
+    print(f"{'rule':<12}{'segments':>9}{'mean':>7}{'p95':>5}{'max':>5}{'C':>4}{'> C':>8}{'tok > C':>9}"
+          f"{'max*':>6}{'> C*':>8}")
+    for name, cutoff, segments in distributions:
+        raw = sorted(size for size, _ in segments)
+        text = [core for _, core in segments]
+        over = [size for size, _ in segments if size > cutoff]
+        p95 = raw[max(0, math.ceil(0.95 * len(raw)) - 1)]
+        print(f"{name:<12}{len(raw):>9}{sum(raw) / len(raw):>7.2f}{p95:>5}{raw[-1]:>5}{cutoff:>4}"
+              f"{len(over) / len(raw):>8.1%}{sum(over) / sum(raw):>9.1%}"
+              f"{max(text):>6}{sum(1 for n in text if n > cutoff) / len(text):>8.1%}")
 
 
 def advantage_speedup(repeats: int) -> None:

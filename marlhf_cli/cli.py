@@ -84,7 +84,7 @@ def segment(
         typer.Option("--format", help="text: segments joined with @@ (coloured on a terminal); json: one JSON object per response and rule. \\[default: text]", show_default=False),
     ] = None,
     stats: Annotated[
-        bool, typer.Option("--stats", help="Print segment-length statistics (count, mean, histogram) per rule instead of the segments.")
+        bool, typer.Option("--stats", help="Print segment-length statistics per rule instead of the segments: count, mean, largest, share longer than --cutoff, histogram.")
     ] = False,
     seed: options.SeedOption = None,
     config_file: options.ConfigOption = None,

@@ -41,7 +41,10 @@ class Segmented:
 @dataclass
 class RuleStats:
     rule: str
+    cutoff: int = 5  # C: the share of segments longer than it is reported for every rule
     lengths: list[int] = field(default_factory=list)
+    # the same segments without the whitespace-only tokens at their ends: what C bounds
+    text_lengths: list[int] = field(default_factory=list)
     fallbacks: int = 0
     responses: int = 0
     seconds: float = 0.0
@@ -159,11 +162,11 @@ def segment_responses(
         start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         ref_logprobs = reference_logprobs(model, ids_per_response, start_id)
 
-    stats = {rule: RuleStats(rule) for rule in rules}
+    stats = {}
     results: list[list[Segmented]] = [[] for _ in responses]
     for rule_name in rules:
         rule = TerminationRule(rule_name, n=n, cutoff=cutoff, seed=seed, backend=backend)
-        rule_stats = stats[rule_name]
+        rule_stats = stats[rule_name] = RuleStats(rule_name, cutoff=rule.cutoff)
         if rule.needs_text:
             # load the parser before the clock starts: tokens/s measures the rule itself
             segment_lengths(rule, 1, text="a", offsets=[(0, 1)])
@@ -179,6 +182,7 @@ def segment_responses(
             )
             results[index].append(Segmented(rule_name, _pieces(text, offsets, lengths), fell_back))
             rule_stats.lengths.extend(lengths)
+            rule_stats.text_lengths.extend(lengths_without_whitespace(text, offsets, lengths))
             rule_stats.fallbacks += int(fell_back)
             rule_stats.responses += 1
         rule_stats.seconds = time.perf_counter() - started
@@ -198,8 +202,21 @@ def _pieces(text: str, offsets: list[tuple[int, int]], lengths: list[int]) -> li
     return pieces
 
 
+def lengths_without_whitespace(text: str, offsets: list[tuple[int, int]], lengths: list[int]) -> list[int]:
+    """Each segment's length once the whitespace-only (or empty) tokens at its ends are set
+    aside: the length the parsing rule's bound C applies to (ma-ppo.md §3)."""
+    blank = [not text[start:end].strip() for start, end in offsets]
+    result, first = [], 0
+    for length in lengths:
+        inside = [i for i in range(first, first + length) if not blank[i]]
+        result.append(inside[-1] - inside[0] + 1 if inside else 0)
+        first += length
+    return result
+
+
 def summarise(stats: RuleStats) -> dict:
     lengths = stats.lengths
+    over = sum(1 for n in stats.text_lengths if n > stats.cutoff)
     return {
         "rule": stats.rule,
         "responses": stats.responses,
@@ -208,6 +225,9 @@ def summarise(stats: RuleStats) -> dict:
         "mean": statistics.fmean(lengths) if lengths else 0.0,
         "median": statistics.median(lengths) if lengths else 0.0,
         "max": max(lengths, default=0),
+        "max_without_whitespace": max(stats.text_lengths, default=0),
+        "cutoff": stats.cutoff,
+        "over_cutoff": over / len(lengths) if lengths else 0.0,
         "fallbacks": stats.fallbacks,
         "tokens_per_second": sum(lengths) / stats.seconds if stats.seconds > 0 else None,
         "histogram": dict(stats.histogram()),
@@ -228,6 +248,19 @@ def parse_rules(spec: str) -> list[str]:
     return rules
 
 
+def check_parser(backend: str) -> None:
+    """One-line error, before anything is loaded, when the parsing rule cannot run."""
+    from .macro import TerminationRule, missing_parser
+
+    try:
+        rule = TerminationRule("parsing", backend=backend)
+    except ValueError as err:
+        raise UserError(f"--backend: {err}") from None
+    missing = missing_parser(rule)
+    if missing:
+        raise UserError(f"--rule parsing needs a parser: {missing}")
+
+
 def run(config, source: str) -> None:
     """What ``marlhf segment`` does: read, segment with each rule, print."""
     from .models import load_causal_lm, load_tokenizer
@@ -235,6 +268,8 @@ def run(config, source: str) -> None:
     rules = parse_rules(config.rule)
     if config.format not in ("text", "json"):
         raise UserError(f"--format: expected 'text' or 'json', got '{config.format}'")
+    if "parsing" in rules:
+        check_parser(config.backend)
     responses = read_responses(source)
     tokenizer = load_tokenizer(config.tokenizer)
     model = None
@@ -320,4 +355,11 @@ def print_stats(summaries: list[dict], as_json: bool) -> None:
         histogram.add_column(s["rule"], justify="right")
     for label in summaries[0]["histogram"] if summaries else []:
         histogram.add_row(label, *(str(s["histogram"][label]) for s in summaries))
+    # the bound of the parsing rule, shown for every rule (whitespace-only tokens at a
+    # segment's ends aside, as the rule's C is defined)
+    histogram.add_section()
+    histogram.add_row("C", *(str(s["cutoff"]) for s in summaries))
+    histogram.add_row("largest*", *(str(s["max_without_whitespace"]) for s in summaries))
+    histogram.add_row("> C*", *(f"{s['over_cutoff']:.1%}" for s in summaries))
+    histogram.caption = "* whitespace at a segment's ends aside"
     console.print(histogram)

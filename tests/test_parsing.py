@@ -6,14 +6,15 @@ with the alignment cases public code got wrong plus invariants on varied texts.
 
 Invariants of every successful result (module docstring of parsing.py):
   I1 lengths are >= 1 and sum to the number of LM tokens;
-  I2 when the text has >= 2 covered tokens (tokens with a non-space character), every
-     segment holds >= 2 covered tokens (no single-token segment, punctuation never alone);
-  I3 a segment starts only at the first token of a parser word: never inside a word,
-     never at a whitespace-only token (those join the preceding segment).
+  I2 the bound: no segment is longer than C once whitespace-only (or empty) tokens at its
+     ends are set aside; checked from the text alone, not from the parser's words;
+  I3 a segment starts only at the first token of a parser word (never at a whitespace-only
+     token, which joins the preceding segment), or inside a word longer than C tokens.
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 
 import pytest
@@ -58,12 +59,16 @@ def pieces(text, offsets, lengths):
     "cutoff, expected",
     [
         # S covers 8 tokens > 5: NP "I" (1) | VBP " don" (1) | RB "'t" (1) | VP " know (like this)." (5)
-        # the three single-token nodes merge: the first into the next, the others backwards
+        # "I" starts a segment (nothing precedes it), " don" and "'t" join it: 3 <= 5
         (5, ["I don't", " know (like this)."]),
-        # VP (5) > 4 splits into " know" (1, merged back) and PRN " (like this)." (4)
+        # VP (5) > 4 splits into " know" (1, joins "I don't": 4 <= 4) and PRN " (like this)." (4)
         (4, ["I don't know", " (like this)."]),
-        # PRN (4) > 3 splits: " (" (1, merged back), PP "like this" (2), ")." (1, merged back)
-        (3, ["I don't know (", "like this)."]),
+        # PRN (4) > 3 splits into " (" (1), PP "like this" (2), ")." (1). " know" cannot join
+        # "I don't" (4 > 3): it starts a segment, which " (" joins; ")." joins "like this" (3)
+        (3, ["I don't", " know (", "like this)."]),
+        # every node of one token: single-token nodes grouped left to right, two at a time
+        (2, ["I don", "'t know", " (", "like this", ")."]),
+        (1, ["I", " don", "'t", " know", " (", "like", " this", ")."]),
         # the whole sentence fits: one segment
         (8, [CONTRACTION_TEXT]),
     ],
@@ -118,8 +123,10 @@ def test_stanza_backend_end_to_end_with_a_stubbed_pipeline(monkeypatch):
     assert parsing.resolve_backend("auto") == "stanza"
     tokens = CONTRACTION_TOKENS + [(25, 28), (28, 34), (34, 35)]
     lengths = parsing_lengths(text, tokens, 5, backend="stanza")
-    # " don" and "'t" both fall in the MWT's span, i.e. in "do"; "n't" gets no token
-    assert pieces(text, tokens, lengths) == ["I don't", " know (like this).", " It works."]
+    # " don" and "'t" both fall in the MWT's span, i.e. in "do"; "n't" gets no token, so the
+    # node "do" has two tokens and the single "I" has nothing before it to join
+    assert pieces(text, tokens, lengths) == ["I", " don't", " know (like this).", " It works."]
+    assert_invariants(text, tokens, lengths, parsing.stanza_constituents(doc)[1], 5)
 
 
 def test_leaves_are_located_by_offsets_not_by_their_strings():
@@ -145,10 +152,44 @@ def test_two_sentences_and_an_uncovered_newline():
     # 8 tokens > 5: each sentence is a segment; the newline joins the preceding one
     assert pieces(text, tokens, constituency_lengths(trees, words, text, tokens, 5)) == [
         "It rains.\n", "We stay home."]
-    # C=2: sentence 1 falls apart into single tokens, which merge; "We" (single) merges
-    # backwards across the sentence boundary, as the rule says
-    assert pieces(text, tokens, constituency_lengths(trees, words, text, tokens, 2)) == [
-        "It rains.\nWe", " stay home."]
+    # C=2: sentence 1 falls apart into single tokens, grouped two at a time; "We" (single)
+    # never joins the preceding sentence; "." cannot join " stay home" (3 > 2)
+    lengths = constituency_lengths(trees, words, text, tokens, 2)
+    assert pieces(text, tokens, lengths) == ["It rains", ".\n", "We", " stay home", "."]
+    assert_invariants(text, tokens, lengths, words, 2)
+
+
+def test_single_tokens_join_the_preceding_segment_only_within_the_bound():
+    # every child of the sentence is a single word: each joins the segment before it while
+    # that stays within C tokens, else starts the next group
+    text = "Well, yes, it is, I think."
+    words = [(0, 4), (4, 5), (6, 9), (9, 10), (11, 13), (14, 16), (16, 17), (18, 19), (20, 25), (25, 26)]
+    # one LM token per word, the space before a word inside its token
+    tokens = [(0, 4), (4, 5), (5, 9), (9, 10), (10, 13), (13, 16), (16, 17), (17, 19), (19, 25), (25, 26)]
+    tree = parse_bracketed(
+        "(ROOT (S (INTJ (UH Well)) (, ,) (INTJ (UH yes)) (, ,) (NP (PRP it)) (VP (VBZ is))"
+        " (, ,) (NP (PRP I)) (VP (VBP think)) (. .)))"
+    )
+    for cutoff, expected in (
+        (3, ["Well, yes", ", it is", ", I think", "."]),
+        (4, ["Well, yes,", " it is, I", " think."]),
+        (10, [text]),
+    ):
+        lengths = constituency_lengths(tree, words, text, tokens, cutoff)
+        assert pieces(text, tokens, lengths) == expected, cutoff
+        assert_invariants(text, tokens, lengths, words, cutoff)
+
+
+def test_a_word_longer_than_c_is_cut_into_pieces_of_c():
+    text = "See https://example.org/a/b/c now."
+    words = [(0, 3), (4, 29), (30, 33), (33, 34)]
+    # the URL is 7 LM tokens: " https", "://", "example.", "org/", "a", "/b", "/c"
+    tokens = [(0, 3), (3, 9), (9, 12), (12, 20), (20, 24), (24, 25), (25, 27), (27, 29), (29, 33), (33, 34)]
+    tree = parse_bracketed("(ROOT (S (VP (VB See) (NP (NN url)) (ADVP (RB now))) (. .)))")
+    lengths = constituency_lengths(tree, words, text, tokens, 3)
+    # "See" has nothing before it; the URL's 7 tokens: 3 + 3 + 1; " now" and "." join "/c"
+    assert pieces(text, tokens, lengths) == ["See", " https://example.", "org/a/b", "/c now."]
+    assert_invariants(text, tokens, lengths, words, 3)
 
 
 def test_leading_whitespace_tokens_join_the_first_segment():
@@ -196,37 +237,56 @@ def test_random_trees_keep_the_invariants():
             word = "w" * rng.randint(1, 6)
             words.append((len(text), len(text) + len(word)))
             cut = len(text)
-            while cut < len(text) + len(word):  # split the word into 1..3 tokens
+            while cut < len(text) + len(word):  # split the word into 1..6 tokens
                 step = rng.randint(1, len(text) + len(word) - cut)
                 tokens.append((cut, cut + step))
                 cut += step
             text += word
         tokens.sort()
-        tree = random_tree(rng, 0, n_words)
+        # one to three sentences, each its own tree
+        bounds = [0, *sorted(rng.sample(range(1, n_words), min(n_words - 1, rng.randint(0, 2)))), n_words]
+        trees = [random_tree(rng, a, b) for a, b in zip(bounds, bounds[1:])]
         cutoff = rng.randint(1, 8)
-        lengths = segment_lengths([tree], words, text, tokens, cutoff)
-        assert_invariants(text, tokens, lengths, words)
-        assert segment_lengths([tree], words, text, tokens, len(tokens)) == [len(tokens)]
+        lengths = segment_lengths(trees, words, text, tokens, cutoff)
+        assert_invariants(text, tokens, lengths, words, cutoff)
+        assert segment_lengths(trees, words, text, tokens, len(tokens)) == [len(tokens)]
+        # no segment spans two sentences, unless the whole text fits in one segment
+        if len(lengths) > 1:
+            token_words = tokens_to_words(text, tokens, words)
+            sentence = [None if w is None else bisect.bisect_right(bounds, w) for w in token_words]
+            cursor = 0
+            for length in lengths:
+                assert len({x for x in sentence[cursor : cursor + length] if x is not None}) == 1
+                cursor += length
 
 
 # --------------------------------------------------------------------------------------------
 # Invariant checker shared by the spaCy tests
 
 
-def assert_invariants(text, offsets, lengths, word_spans):
+def assert_invariants(text, offsets, lengths, word_spans, cutoff):
     assert lengths is not None
     assert all(length >= 1 for length in lengths) and sum(lengths) == len(offsets)  # I1
-    token_words = tokens_to_words(text, offsets, word_spans)
     starts = [sum(lengths[:k]) for k in range(len(lengths))]
-    covered_total = sum(w is not None for w in token_words)
-    for start, length in zip(starts, lengths):
-        covered = sum(w is not None for w in token_words[start : start + length])
-        if covered_total >= 2:
-            assert covered >= 2, (pieces(text, offsets, lengths), start)  # I2
+    assert longest_segment(text, offsets, lengths) <= cutoff, (pieces(text, offsets, lengths), cutoff)  # I2
+    token_words = tokens_to_words(text, offsets, word_spans)
     for start in starts[1:]:
         word = token_words[start]
         assert word is not None, "a segment starts at a whitespace-only token"  # I3
-        assert token_words.index(word) == start, "a segment starts inside a word"
+        if token_words.index(word) != start:
+            assert token_words.count(word) > cutoff, "a segment starts inside a word of <= C tokens"
+
+
+def longest_segment(text, offsets, lengths):
+    """The longest segment in LM tokens, whitespace-only or empty tokens at its ends aside."""
+    blank = [not text[start:end].strip() for start, end in offsets]
+    longest, cursor = 0, 0
+    for length in lengths:
+        inside = [i for i in range(cursor, cursor + length) if not blank[i]]
+        if inside:
+            longest = max(longest, inside[-1] - inside[0] + 1)
+        cursor += length
+    return longest
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,7 +308,7 @@ def run_rule(tokenizer, nlp, text, cutoff=5):
     assert decoded == text
     lengths = parsing_lengths(decoded, offsets, cutoff, backend="spacy")
     words = [(t.idx, t.idx + len(t.text)) for t in nlp(text)]
-    assert_invariants(decoded, offsets, lengths, words)
+    assert_invariants(decoded, offsets, lengths, words, cutoff)
     return decoded, offsets, lengths, words
 
 
@@ -302,7 +362,8 @@ def test_newlines_join_the_preceding_segment(tokenizer, nlp):
     text, offsets, lengths, _ = run_rule(tokenizer, nlp, text)
     segments = pieces(text, offsets, lengths)
     assert "".join(segments) == text
-    assert any(" users.\n\n" in seg for seg in segments) and segments[-1].endswith(" it.\n")
+    # " the data from our users" is already 5 tokens: "." cannot join it, and takes the newlines
+    assert ".\n\n" in segments and segments[-1].endswith(" it.\n")
     assert not any(seg.startswith("\n") for seg in segments)
     # a response that starts with newlines: they belong to the first segment
     text, offsets, lengths, _ = run_rule(tokenizer, nlp, "\n\nSure, here is the summary you asked for.")
@@ -361,30 +422,70 @@ def test_varied_texts_keep_the_invariants_and_batch_equals_single(tokenizer, nlp
     for cutoff in (2, 5, 10):
         batch = parsing_lengths_batch(texts, offsets_list, cutoff=cutoff, backend="spacy", batch_size=16)
         for text, offsets, lengths, words in zip(texts, offsets_list, batch, words_list):
-            assert_invariants(text, offsets, lengths, words)
+            assert_invariants(text, offsets, lengths, words, cutoff)
     for text, offsets, lengths in list(zip(texts, offsets_list, batch))[:10]:
         assert parsing_lengths(text, offsets, cutoff=10, backend="spacy") == lengths
+
+
+def shipped_responses():
+    """Every response-like text of the embedded samples (written for marlhf, shipped with it):
+    HH chosen and rejected turns, WebGPT answers, TL;DR summaries."""
+    import json
+    from pathlib import Path
+
+    samples = Path(parsing.__file__).resolve().parents[1] / "data" / "samples"
+    rows = {name: [json.loads(line) for line in (samples / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+            for name in ("hh", "webgpt", "tldr")}
+    texts = [row[key] for row in rows["hh"] for key in ("chosen", "rejected")]
+    texts += [row[key] for row in rows["webgpt"] for key in ("answer_0", "answer_1")]
+    texts += [summary["text"] for row in rows["tldr"] for summary in row["summaries"]]
+    return texts
+
+
+def test_shipped_responses_have_no_segment_longer_than_c(tokenizer, nlp):
+    """The issue's "done when": on the responses shipped with marlhf, as PPO sees them (the
+    generated ids, EOS included), every segment is at most C tokens, whitespace aside, and
+    nothing falls back; each response is cut the same whatever the rest of its batch."""
+    texts = shipped_responses()
+    assert len(texts) > 250
+    eos = tokenizer.eos_token_id
+    aligned = [token_offsets(tokenizer, tokenizer.encode(t, add_special_tokens=False) + [eos]) for t in texts]
+    words = [[(t.idx, t.idx + len(t.text)) for t in doc] for doc in nlp.pipe([a[0] for a in aligned])]
+    for cutoff in (5, 2, 10):
+        results = parsing_lengths_batch([a[0] for a in aligned], [a[1] for a in aligned], cutoff, backend="spacy")
+        assert all(lengths is not None for lengths in results)  # no fallback
+        for (text, offsets), lengths, spans in zip(aligned, results, words):
+            assert_invariants(text, offsets, lengths, spans, cutoff)
+        if cutoff == 5:
+            # the bound is not met by cutting everything small: segments average near C
+            all_lengths = [n for lengths in results for n in lengths]
+            assert 3 < sum(all_lengths) / len(all_lengths) <= 5
+            # per-sample independence: another batch order and size gives the same cuts
+            order = list(range(len(aligned)))
+            random.Random(1).shuffle(order)
+            shuffled = parsing_lengths_batch([aligned[i][0] for i in order], [aligned[i][1] for i in order],
+                                             cutoff, backend="spacy", batch_size=7)
+            assert [shuffled[order.index(i)] for i in range(len(aligned))] == results
 
 
 def test_real_responses_keep_the_invariants(tokenizer, nlp):
     """Assistant turns of HH-RLHF (lists, markdown, curly quotes, long paragraphs)."""
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "helpful-base-sample.jsonl"
-    if not path.exists():
-        pytest.skip(f"{path} is absent: the real-data tests need ../shared/data beside the repository")
+    from conftest import shared_data
+
+    path = shared_data("hh-rlhf", "helpful-base-sample.jsonl")
     texts = []
     with path.open(encoding="utf-8") as lines:
         for line in lines:
             texts.append(json.loads(line)["chosen"].rsplit("\n\nAssistant:", 1)[1])
-            if len(texts) == 80:
+            if len(texts) == 150:
                 break
     eos = tokenizer.eos_token_id
     aligned = [token_offsets(tokenizer, tokenizer.encode(t, add_special_tokens=False) + [eos]) for t in texts]
     results = parsing_lengths_batch([a[0] for a in aligned], [a[1] for a in aligned], backend="spacy")
     for (text, offsets), lengths in zip(aligned, results):
-        assert_invariants(text, offsets, lengths, [(t.idx, t.idx + len(t.text)) for t in nlp(text)])
+        assert_invariants(text, offsets, lengths, [(t.idx, t.idx + len(t.text)) for t in nlp(text)], 5)
 
 
 def test_spacy_constituents_are_head_plus_dependent_subtrees(nlp):
@@ -411,11 +512,13 @@ def test_empty_or_blank_text_gives_none():
     assert parsing_lengths_batch([], [], 5) == []
 
 
-def test_no_stanza_model_gives_none_for_the_stanza_backend():
+def test_no_stanza_model_is_an_error_for_the_stanza_backend():
     if parsing.stanza_model_available():
         pytest.skip("stanza's English model is installed here")
     assert parsing.resolve_backend("stanza") is None
-    assert parsing_lengths("I don't know.", [(0, 1), (1, 5), (5, 7), (7, 12), (12, 13)], backend="stanza") is None
+    assert "stanza.download" in parsing.missing_parser("stanza")
+    with pytest.raises(parsing.ParserUnavailable, match="stanza"):
+        parsing_lengths("I don't know.", [(0, 1), (1, 5), (5, 7), (7, 12), (12, 13)], backend="stanza")
 
 
 def test_parser_errors_give_none(monkeypatch):
@@ -431,11 +534,14 @@ def test_parser_errors_give_none(monkeypatch):
     assert parsing_lengths("Hello world.", [(0, 5), (5, 11), (11, 12)]) is None
 
 
-def test_no_backend_gives_none(monkeypatch):
+def test_a_parser_that_does_not_load_is_an_error_not_a_fallback(monkeypatch):
     monkeypatch.setattr(parsing, "_stanza_pipeline", lambda: None)
     monkeypatch.setattr(parsing, "_spacy_pipeline", lambda: None)
     assert parsing.resolve_backend("auto") is None
-    assert parsing_lengths("Hello world.", [(0, 5), (5, 11), (11, 12)]) is None
+    with pytest.raises(parsing.ParserUnavailable):
+        parsing_lengths("Hello world.", [(0, 5), (5, 11), (11, 12)])
+    # a blank text needs no parser: it is a per-text fallback, not an error
+    assert parsing_lengths_batch([" "], [[(0, 1)]]) == [None]
 
 
 def test_caller_mistakes_raise():

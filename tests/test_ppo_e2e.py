@@ -72,6 +72,8 @@ def test_two_steps_of_every_rule_and_value_function(tmp_path, overrides, name):
         assert all(r["segments_per_response"] == 1 for r in train)
     if name.startswith("fixed3"):
         assert all(r["segment_length"] <= 3 for r in train)
+    if name == "parsing":  # a run labelled "parsing" really parsed: nothing fell back to fixed
+        assert all(r["parse_fallbacks"] == 0 for r in train)
     samples = read_jsonl(run / "samples" / f"{name}.jsonl")
     assert len(samples) == 2 and set(samples[0]) >= {"prompt", "response", "score", "length"}
     assert (run / "ppo" / name / "config.json").is_file() and (run / "ppo" / name / "critic" / "config.json").is_file()

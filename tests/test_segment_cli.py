@@ -95,8 +95,28 @@ def test_stats_compare_rules(texts, tokenizer):
         assert sum(row["histogram"].values()) == row["segments"]
         assert row["mean"] == pytest.approx(total / row["segments"])
     assert rows["code"]["fallbacks"] == 1  # the prose response
+    # the bound: C per rule, the largest segment and the share longer than C
+    assert [rows[r]["cutoff"] for r in RULES] == [5, 5, 5, 5, 10]
+    assert rows["parsing"]["max_without_whitespace"] <= 5 and rows["parsing"]["over_cutoff"] == 0
+    assert rows["parsing"]["fallbacks"] == 0
+    assert rows["fixed"]["max"] == 5 and rows["fixed"]["over_cutoff"] == 0
+    # --cutoff 2 on fixed 5: every full segment of 5 is longer than C
+    result = invoke(str(texts["plain"]), "--rule", "fixed", "--cutoff", "2", "--stats", "--format", "json")
+    fixed = json.loads(result.stdout)
+    full = fixed["tokens"] // 5 + (fixed["tokens"] % 5 > 2)  # the last one counts when longer than 2
+    assert fixed["cutoff"] == 2 and fixed["over_cutoff"] == pytest.approx(full / fixed["segments"])
     table = invoke(str(texts["jsonl"]), "--rule", "fixed,parsing", "--stats")
     assert table.exit_code == 0 and "segments per length" in table.stdout and "parsing" in table.stdout
+    assert "largest*" in table.stdout and "> C*" in table.stdout
+
+
+def test_lengths_without_whitespace_set_aside_blank_tokens_at_the_ends():
+    from marlhf_cli.segment import lengths_without_whitespace
+
+    text = "\n\nOne two.\n\nThree"
+    offsets = [(0, 2), (2, 5), (5, 9), (9, 10), (10, 12), (12, 18), (18, 18)]  # EOS: empty span
+    assert lengths_without_whitespace(text, offsets, [5, 2]) == [3, 1]
+    assert lengths_without_whitespace(text, offsets, [1, 6]) == [0, 5]
 
 
 def test_dry_run_prints_resolved_config(texts):

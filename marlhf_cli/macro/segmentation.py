@@ -34,6 +34,7 @@ __all__ = [
     "start_segment_batch",
     "PendingSegments",
     "warm_up",
+    "missing_parser",
 ]
 
 RULE_NAMES = ("fixed", "randomized", "ppl", "parsing", "code")
@@ -305,6 +306,20 @@ def segment_batch(
         with ProcessPoolExecutor(max_workers=workers) as pool:
             return start_segment_batch(rule, mask, executor=pool, **kwargs).result()
     return start_segment_batch(rule, mask, executor=executor, **kwargs).result()
+
+
+def missing_parser(rule: TerminationRule) -> str | None:
+    """What to install before ``rule`` can run, in one line, or None when nothing is missing.
+
+    Only ``parsing`` needs a package beyond torch. The commands call this at start-up, before
+    loading any model: a run labelled "parsing" must never be ``fixed`` in disguise
+    (ma-ppo.md §3). It imports the parser package but loads no parser model.
+    """
+    if rule.name != "parsing":
+        return None
+    from .parsing import missing_parser as parser_missing  # lazy: the check imports spaCy
+
+    return parser_missing(rule.backend)
 
 
 def warm_up(rule: TerminationRule) -> None:

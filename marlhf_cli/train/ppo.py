@@ -46,7 +46,7 @@ from .. import artifacts, checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
 from ..macro import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
-from ..macro.segmentation import warm_up
+from ..macro.segmentation import missing_parser, warm_up
 from ..seeding import derived_seed
 from . import common, credit, loop
 from .experience import RolloutSettings, make_experience
@@ -173,13 +173,16 @@ def check_options(config) -> None:
             flag = "--" + key.replace("_", "-")
             raise UserError(f"{flag} must be one of {', '.join(allowed)}, got '{getattr(config, key)}'")
     try:
-        credit.make_rule(config)
+        rule = credit.make_rule(config)
     except ValueError as err:
         raise UserError(str(err)) from None
     k = group_size(config)
     if k < (2 if is_critic_free(config) else 1):
         least = "2 (a group baseline needs other responses)" if is_critic_free(config) else "1"
         raise UserError(f"--samples-per-prompt must be at least {least} with --advantage {config.advantage}, got {k}")
+    missing = None if is_critic_free(config) else missing_parser(rule)  # before any model is loaded
+    if missing:
+        raise UserError(f"--termination parsing needs a parser: {missing}")
     positive = ("rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_new_tokens", "max_prompt_length", "max_steps")
     for key in positive:
         if getattr(config, key) < 1:
