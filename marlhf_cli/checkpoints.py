@@ -207,6 +207,7 @@ def export_pretrained(
         if eng.is_main():
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)
+            artifacts.honour_umask(staging)  # safetensors writes model.safetensors 0600
             _move_into(staging, out_dir)
     finally:
         if staging is not None:

