@@ -198,6 +198,7 @@ class JudgeConfig(CommonConfig):
     max_prompt_length: int = 512
     max_response_length: int = 512
     batch_size: int = 8
+    strict: bool = False  # a bad row stops the command instead of being skipped and counted
 
 
 @dataclass
