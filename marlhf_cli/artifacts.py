@@ -218,6 +218,39 @@ class RunDir:
             )
         return target
 
+    def clear_outputs(self, stage: str, name: str | None = None) -> list[Path]:
+        """Remove what an earlier run of ``stage`` (``ppo``: of run ``name``) left behind: its
+        model folder (all but ``checkpoints/``, which resume handles), samples, plots and
+        TensorBoard log. A fresh run calls this once its options are checked, so that when it
+        is interrupted no earlier run's finished model sits beside its own "running" entry.
+        ``config.json``, the mark of a finished stage (:meth:`require`), goes first.
+        Returns what was removed.
+        """
+        import shutil
+
+        folder = self.stage_dir(stage, name)
+        prefix = f"{stage}-{name}" if stage == "ppo" else stage  # the monitor's name for the stage
+        found = []
+        if folder.is_dir():
+            found += sorted((p for p in folder.iterdir() if p.name != "checkpoints"), key=lambda p: p.name != "config.json")
+        if stage == "ppo" and name:
+            found.append(self.samples_path(name))
+        # plots/<prefix>-<metric>.png; a metric has no '-', so ppo-a-<metric> never takes ppo-a-b's plots
+        plots = self.path("plots")
+        if plots.is_dir():
+            found += [p for p in plots.glob(f"{prefix}-*.png") if "-" not in p.name[len(prefix) + 1 : -len(".png")]]
+        found.append(self.path("tb", prefix))
+        removed = []
+        for path in found:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+            else:
+                continue
+            removed.append(path)
+        return removed
+
     # the manifest ---------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
         if not self.manifest_path.is_file():

@@ -428,6 +428,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         if eng.is_main() and latest_common(root) is not None:
             common.say(f"fresh run: removing old checkpoints in {root} (pass --resume to continue them)")
         checkpoints.clear_checkpoints(root)
+    if start == 0:  # nothing to continue: an earlier run's model and samples must not outlive this one's start
+        common.clear_previous_outputs(run_dir, STAGE, name)
     common.say(f"ppo '{name}': {credit.describe(rule, config.value_function, config.ratio)}")
     common.say(
         f"policy {policy}, reward {models.reward.name}, critic from {reward_model}, {len(prompts.records)} prompts, "
