@@ -453,7 +453,7 @@ def passk(
     """pass@k per difficulty (the paper's Table 3): sample n programs per problem, run them against the tests in a sandbox.
 
     Writes passk/<name>.json and passk/<name>-samples.jsonl. Examples: marlhf passk --model ppo/fixed10 --n 5 --k 1,5;
-    marlhf passk --model tiny --data-file ../shared/data/apps/apps-sample.jsonl --n 2 --k 1,2 --max-new-tokens 64
+    marlhf passk --model tiny --data-file problems.jsonl --n 2 --k 1,2 --max-new-tokens 64
     """
     from .rewards import passk as stage
 

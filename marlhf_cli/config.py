@@ -46,7 +46,7 @@ class DataConfig:
     """Which records a stage reads."""
 
     dataset: str = "tldr"  # tldr | hh | webgpt | apps | a local .jsonl/.json/.parquet path
-    data_file: str | None = None  # a local file in the named dataset's format (e.g. ../shared/data)
+    data_file: str | None = None  # a local file in the named dataset's format (e.g. Anthropic's raw HH files)
     strict: bool = False  # any bad row is an error instead of being skipped and counted
     max_records: int | None = None  # cap on records read (quick runs)
 
