@@ -8,7 +8,9 @@ Every stage of one experiment shares one directory (``--run-dir``)::
     samples/<name>.jsonl  responses for ``judge``     bon/  judge/  metrics/  plots/
 
 Writes go to a temporary file in the same folder followed by ``os.replace``, so a killed
-process leaves either the old file or the new one, never half of one.
+process leaves either the old file or the new one, never half of one. The temporary file is
+created private (0600) and the rename would keep that, so it is given the mode any other new
+file gets under the process's umask first: colleagues on a shared machine can read results.
 """
 
 from __future__ import annotations
@@ -42,6 +44,37 @@ TRACKED_LIBRARIES = ("torch", "transformers", "deepspeed", "datasets", "spacy", 
 # atomic writes
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where the kernel tells it (Linux >= 4.7).
+
+    ``os.umask`` can only be read by setting it; the fallback sets and restores it at once,
+    which another thread creating a file in between could observe.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: str | Path) -> None:
+    """Give ``path`` (and, for a folder, everything under it) the mode a plain new file or
+    folder gets: writers that go through a private temporary file (``mkstemp``,
+    ``mkdtemp``, safetensors) otherwise leave 0600/0700 behind."""
+    path = Path(path)
+    mask = current_umask()
+    items = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for item in items:
+        if item.is_symlink():
+            continue
+        os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
@@ -59,6 +92,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         # flush the data to disk before the rename makes it visible
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        honour_umask(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -183,6 +217,39 @@ class RunDir:
                 f"{target} is missing: run '{command} --run-dir {self.root}' first"
             )
         return target
+
+    def clear_outputs(self, stage: str, name: str | None = None) -> list[Path]:
+        """Remove what an earlier run of ``stage`` (``ppo``: of run ``name``) left behind: its
+        model folder (all but ``checkpoints/``, which resume handles), samples, plots and
+        TensorBoard log. A fresh run calls this once its options are checked, so that when it
+        is interrupted no earlier run's finished model sits beside its own "running" entry.
+        ``config.json``, the mark of a finished stage (:meth:`require`), goes first.
+        Returns what was removed.
+        """
+        import shutil
+
+        folder = self.stage_dir(stage, name)
+        prefix = f"{stage}-{name}" if stage == "ppo" else stage  # the monitor's name for the stage
+        found = []
+        if folder.is_dir():
+            found += sorted((p for p in folder.iterdir() if p.name != "checkpoints"), key=lambda p: p.name != "config.json")
+        if stage == "ppo" and name:
+            found.append(self.samples_path(name))
+        # plots/<prefix>-<metric>.png; a metric has no '-', so ppo-a-<metric> never takes ppo-a-b's plots
+        plots = self.path("plots")
+        if plots.is_dir():
+            found += [p for p in plots.glob(f"{prefix}-*.png") if "-" not in p.name[len(prefix) + 1 : -len(".png")]]
+        found.append(self.path("tb", prefix))
+        removed = []
+        for path in found:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+            else:
+                continue
+            removed.append(path)
+        return removed
 
     # the manifest ---------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:

@@ -130,16 +130,72 @@ def read_state(folder: str | Path) -> dict[str, Any]:
     return json.loads((Path(folder) / STATE_FILE).read_text(encoding="utf-8"))
 
 
-def check_fingerprint(found: Path, expected: dict[str, Any]) -> None:
-    """Refuse to resume ``found`` when it was written with other options (data order,
-    schedule, rule...): the resumed run would silently differ from an uninterrupted one."""
-    saved = read_state(found).get("fingerprint", {})
+# Options a resumed run may change: they decide where, how often and on what a run writes or
+# evaluates, never a training step (evaluation draws from its own forked generators, and
+# --strict either stops or keeps exactly the same rows). Changing one is applied and said.
+RESUME_MAY_CHANGE = frozenset(
+    {"resume", "run_dir", "debug", "save_every", "eval_every", "eval_records", "eval_prompts", "parse_workers", "strict"}
+)
+
+
+def config_state(config: Any) -> dict[str, Any]:
+    """The resolved options of a run as plain JSON data, stored in each checkpoint."""
+    from . import config as config_module
+
+    return json.loads(json.dumps(config_module.to_dict(config), default=str))
+
+
+def _defaults(config: Any) -> dict[str, Any]:
+    """Each option's default: what a checkpoint written before the option existed used."""
+    import dataclasses
+
+    defaults = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return json.loads(json.dumps(defaults, default=str))
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None) -> list[str]:
+    """Refuse to resume ``found`` when it was written with other options: the resumed run
+    would silently differ from an uninterrupted one. One line names every changed option
+    with its old and new value.
+
+    ``expected`` holds what the data and the schedule derive (example counts, steps);
+    ``config`` (the resolved options) is compared whole, so a new option is covered the
+    day it is added. Options in :data:`RESUME_MAY_CHANGE` may differ: the returned lines
+    say which new values apply.
+    """
+    state = read_state(found)
+    refused, applied = [], []
+    saved_config = state.get("config")
+    compared = set()
+    if config is not None and saved_config is not None:
+        current = config_state(config)
+        defaults = _defaults(config)
+        for key, value in current.items():
+            old = saved_config.get(key, defaults.get(key))
+            compared.add(key)
+            if old == value or key == "resume":
+                continue
+            change = f"{_flag(key)} was {old!r}, now {value!r}"
+            (applied if key in RESUME_MAY_CHANGE else refused).append(change)
+    saved = state.get("fingerprint", {})
     for key, value in expected.items():
-        if key in saved and saved[key] != value:
-            raise UserError(
-                f"--resume: {found} was written with {key}={saved[key]!r}, this run has {value!r}; "
-                "use the same options, or start afresh without --resume"
-            )
+        if key not in compared and key in saved and saved[key] != value:
+            refused.append(f"{key} was {saved[key]!r}, now {value!r}")
+    if refused:
+        raise UserError(
+            f"--resume: {found} was written with other options ({'; '.join(refused)}); "
+            "rerun with the checkpoint's values, or start afresh without --resume"
+        )
+    return [f"--resume: applying {change} (no training step depends on it)" for change in applied]
 
 
 def load_checkpoint(engine, folder: str | Path) -> dict[str, Any]:
@@ -207,6 +263,7 @@ def export_pretrained(
         if eng.is_main():
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)
+            artifacts.honour_umask(staging)  # safetensors writes model.safetensors 0600
             _move_into(staging, out_dir)
     finally:
         if staging is not None:

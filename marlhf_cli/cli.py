@@ -395,6 +395,7 @@ def judge(
     max_prompt_length: eval_flags.JudgeMaxPrompt = None,
     max_response_length: eval_flags.JudgeMaxResponse = None,
     batch_size: eval_flags.JudgeBatch = None,
+    strict: flags.StrictOption = None,
     name: eval_flags.JudgeName = None,
     run_dir: options.RunDirOption = None,
     seed: options.SeedOption = None,
@@ -405,7 +406,8 @@ def judge(
 ) -> None:
     """Pairwise judging of two sample files: win/tie/loss of the first with 95% CIs (the paper's Figure 4, Table 1).
 
-    The API key comes from $OPENAI_API_KEY (or --api-key-env). Writes judge/<name>.json and plots/judge.png;
+    The API key comes from $OPENAI_API_KEY (or --api-key-env). Writes judge/<name>.json, plots/judge-<name>.png
+    and plots/judge.png (every comparison of the run directory);
     every reply is cached in judge/cache/, so a rerun never pays twice. Exit code 1 when judgements still failed.
     Examples: marlhf judge --gpt4 --sample 50 samples/fixed5.jsonl samples/vanilla.jsonl;
     marlhf judge --model my-model --base-url http://localhost:8000/v1 --both-orders A.jsonl B.jsonl; marlhf judge --rm A.jsonl B.jsonl
@@ -418,7 +420,8 @@ def judge(
         template=template, both_orders=both_orders, sample=sample, concurrency=concurrency, timeout=timeout,
         max_retries=max_retries, retry_wait=retry_wait, max_tokens=max_tokens, rm_judge=rm_judge,
         reward_model=reward_model, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
-        batch_size=batch_size, run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+        batch_size=batch_size, strict=strict, run_dir=str(run_dir) if run_dir else None, seed=seed,
+        debug=debug or None,
     )
     outcome = stage.run(config, file_a, file_b)
     if outcome["failed"]:
@@ -458,7 +461,7 @@ def passk(
     """pass@k per difficulty (the paper's Table 3): sample n programs per problem, run them against the tests in a sandbox.
 
     Writes passk/<name>.json and passk/<name>-samples.jsonl. Examples: marlhf passk --model ppo/fixed10 --n 5 --k 1,5;
-    marlhf passk --model tiny --data-file ../shared/data/apps/apps-sample.jsonl --n 2 --k 1,2 --max-new-tokens 64
+    marlhf passk --model tiny --data-file problems.jsonl --n 2 --k 1,2 --max-new-tokens 64
     """
     from .rewards import passk as stage
 

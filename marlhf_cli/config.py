@@ -46,7 +46,7 @@ class DataConfig:
     """Which records a stage reads."""
 
     dataset: str = "tldr"  # tldr | hh | webgpt | apps | a local .jsonl/.json/.parquet path
-    data_file: str | None = None  # a local file in the named dataset's format (e.g. ../shared/data)
+    data_file: str | None = None  # a local file in the named dataset's format (e.g. Anthropic's raw HH files)
     strict: bool = False  # any bad row is an error instead of being skipped and counted
     max_records: int | None = None  # cap on records read (quick runs)
 
@@ -201,6 +201,7 @@ class JudgeConfig(CommonConfig):
     max_prompt_length: int = 512
     max_response_length: int = 512
     batch_size: int = 8
+    strict: bool = False  # a bad row stops the command instead of being skipped and counted
 
 
 @dataclass

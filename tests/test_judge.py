@@ -334,6 +334,47 @@ def test_unmatched_and_bad_rows_are_reported(tmp_path, files):
     assert any("a.jsonl:9: field 'response'" in n for n in notes)
 
 
+def test_rows_without_a_field_are_named_not_reported_as_no_shared_prompt(tmp_path, files):
+    """Every row of B names its text 'output': the error names file, line and field."""
+    a, b = files
+    rows = [json.loads(line) for line in b.read_text().splitlines()]
+    b.write_text("".join(json.dumps({"prompt": r["prompt"], "output": r["response"]}) + "\n" for r in rows))
+    with JudgeServer(prefer_marker()) as server:
+        result = invoke(server, tmp_path / "run", a, b)
+    assert result.exit_code == 2 and not server.log
+    message = result.output.strip()
+    assert "share no prompt" not in message and "\n" not in message
+    assert f"{b}:1: field 'response'" in message and f"kept 0 of {PAIRS} rows" in message
+
+
+def test_strict_stops_at_the_first_bad_row(tmp_path, files):
+    """README: '--strict makes any bad row an error', for judge's sample files too."""
+    a, b = files
+    with a.open("a") as handle:
+        handle.write(json.dumps({"prompt": _prompt(98)}) + "\n")
+    with JudgeServer(prefer_marker()) as server:
+        lenient = invoke(server, tmp_path / "run", a, b)
+        strict = invoke(server, tmp_path / "run2", a, b, "--strict")
+    assert lenient.exit_code == 0, lenient.output
+    assert strict.exit_code == 2
+    assert f"{a}:{PAIRS + 1}: field 'response'" in strict.output and "strict mode" in strict.output
+
+
+def test_each_comparison_keeps_its_own_plot(tmp_path, files):
+    """A second comparison in the same run directory must not replace the first one's plot."""
+    a, b = files
+    c = tmp_path / "c.jsonl"
+    c.write_text(b.read_text().replace(PLAIN, "OTHER"))
+    run = tmp_path / "run"
+    with JudgeServer(lambda req: "A") as server:
+        first = invoke(server, run, a, b)
+        second = invoke(server, run, a, c)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    plots = run / "plots"
+    assert {p.name for p in plots.iterdir()} == {"judge-a-vs-b.png", "judge-a-vs-c.png", "judge.png"}
+    assert "judge-a-vs-c.png" in second.output.replace("\n", "")
+
+
 def test_identical_responses_are_a_tie_without_a_request(tmp_path, files):
     a, b = files
     rows = [json.loads(line) for line in b.read_text().splitlines()]

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -52,3 +54,54 @@ def test_unknown_model_is_a_user_error(tmp_path):
         models.load_causal_lm(str(tmp_path / "missing-model"))
     with pytest.raises(UserError, match="cannot load tokenizer"):
         models.load_tokenizer(str(tmp_path / "missing-tok"))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_hub_fails_at_once_and_in_one_line(tmp_path):
+    """Online mode with a hub that refuses connections: huggingface_hub alone retries for
+    about 30 s per file; the reachability probe makes it one line in well under a second."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    port = _closed_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    script = (
+        "import json, time\n"
+        "from marlhf_cli import models\n"
+        "from marlhf_cli.errors import UserError\n"
+        "out = {}\n"
+        "for what, load in (('tokenizer', models.load_tokenizer), ('model', models.load_causal_lm),\n"
+        "                   ('reward', models.load_reward_model)):\n"
+        "    began = time.perf_counter()\n"
+        "    try:\n"
+        "        load('marlhf-tests/no-such-model')\n"
+        "        out[what] = ['loaded', 0]\n"
+        "    except UserError as err:\n"
+        "        out[what] = [str(err), time.perf_counter() - began]\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for what, (message, seconds) in results.items():
+        # the probe's verdict is what stopped it (no retry loop), and the bound is generous
+        assert f"cannot connect to 127.0.0.1:{port}" in message, (what, message)
+        assert "\n" not in message and seconds < 10, (what, seconds)
+
+    cli = subprocess.run(
+        [sys.executable, "-c", "from marlhf_cli.cli import main; main()", "segment", "-", "--rule", "ppl",
+         "--model", "marlhf-tests/no-such-model"],
+        input="one two three four five six", env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cli.returncode == 2
+    assert cli.stderr.strip().count("\n") == 0 and f"127.0.0.1:{port}" in cli.stderr, cli.stderr

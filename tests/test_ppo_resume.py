@@ -78,11 +78,14 @@ def test_resume_refuses_a_checkpoint_written_with_other_options(tmp_path):
     )  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
     other = subprocess.run(
-        command(tmp_path, "--max-steps", "3", "--rollout-batch-size", "8", "--resume", "--eval-prompts", "0"),
+        command(tmp_path, "--max-steps", "3", "--rollout-batch-size", "8", "--actor-lr", "2e-3", "--resume", "--eval-prompts", "0"),
         env=environment(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert other.returncode == 2
-    assert "rollout_batch_size" in other.stderr and "Traceback" not in other.stderr
+    # every changed option, each with its old and new value (the learning rate was once ignored silently)
+    message = other.stderr.replace("\n", " ")
+    assert "--rollout-batch-size was 4, now 8" in message and "--actor-lr was 0.001, now 0.002" in message
+    assert "Traceback" not in other.stderr
 
 
 def test_two_processes_with_zero2(tmp_path):

@@ -186,7 +186,8 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_result(tmp_path, toy_pref
     assert manifest["status"] == "finished" and manifest["metrics"]["resumed_from_step"] >= 2
 
 
-def test_resume_with_other_batch_size_is_refused(tmp_path, toy_preferences):
+def test_resume_with_changed_options_is_refused_naming_each(tmp_path, toy_preferences):
+    """`--resume --lr 2e-3` used to continue with the checkpoint's rate, no word said."""
     from typer.testing import CliRunner
 
     from marlhf_cli.cli import app
@@ -195,8 +196,15 @@ def test_resume_with_other_batch_size_is_refused(tmp_path, toy_preferences):
     args = ["sft", "--model", "tiny", "--dataset", str(toy_preferences), "--run-dir", str(run_dir),
             "--max-steps", "3", "--save-every", "1", "--eval-records", "0",
             "--max-prompt-length", "16", "--max-response-length", "8"]  # fmt: skip
-    first = CliRunner().invoke(app, [*args, "--batch-size", "2"])
+    first = CliRunner().invoke(app, [*args, "--batch-size", "2", "--lr", "1e-3"])
     assert first.exit_code == 0, first.output
-    again = CliRunner().invoke(app, [*args, "--batch-size", "4", "--resume"])
+    again = CliRunner().invoke(app, [*args, "--batch-size", "4", "--lr", "2e-3", "--resume"], env={"COLUMNS": "400"})
     assert again.exit_code == 2
-    assert "batch_size=2" in again.output and "without --resume" in again.output
+    message = again.output.strip()
+    assert "\n" not in message and "without --resume" in message
+    assert "--batch-size was 2, now 4" in message and "--lr was 0.001, now 0.002" in message
+    # an option no training step depends on is applied, and said
+    same = CliRunner().invoke(app, [*args, "--batch-size", "2", "--lr", "1e-3", "--resume", "--eval-every", "7"])
+    assert same.exit_code == 0, same.output
+    assert "applying --eval-every was 100, now 7" in same.output.replace("\n", " ")
+    assert "resuming from" in same.output

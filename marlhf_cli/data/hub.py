@@ -11,6 +11,7 @@ propagates: hiding it behind a sample would make a real run silently train on 50
 Before the first network request a quick reachability probe (DNS and a TCP connect, three
 seconds) spares the user huggingface_hub's retry loop (about 25 s) on a machine with no
 network; it is skipped when a proxy is configured, since the proxy may reach what we cannot.
+:mod:`marlhf_cli.models` uses the same probe before loading a model or tokenizer by hub id.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def load_hub_rows(spec: HubSpec, split: str) -> Iterator[dict[str, Any]]:
         import datasets
     except ImportError as err:  # pragma: no cover - a dependency of the package
         raise HubUnreachable(f"the 'datasets' package is not installed ({err})") from err
-    offline = _offline_mode()
+    offline = offline_mode()
     if offline and spec.data_files:
         # hf:// file paths go through HfFileSystem, which ignores offline mode: do not touch the network
         raise HubUnreachable(OFFLINE_REASON)
@@ -129,7 +130,7 @@ def probe_endpoint(timeout: float = PROBE_TIMEOUT_S) -> str | None:
         return f"cannot connect to {host}:{port} ({err.strerror or type(err).__name__})"
 
 
-def _offline_mode() -> bool:
+def offline_mode() -> bool:
     truthy = {"1", "ON", "YES", "TRUE"}
     return any(os.environ.get(name, "").upper() in truthy for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 

@@ -30,7 +30,7 @@ BonNormalize = Annotated[Optional[bool], _switch("--normalize", "Report (score -
 BonMaxRecords = Annotated[Optional[int], _opt("--max-records", "Distinct evaluation prompts to use (from the dataset's eval split). \\[default: 64]")]
 
 # judge -------------------------------------------------------------------------------------
-JudgeName = Annotated[Optional[str], _opt("--name", "Result name: judge/<name>.json. \\[default: <a>-vs-<b> from the file names]")]
+JudgeName = Annotated[Optional[str], _opt("--name", "Result name: judge/<name>.json, plots/judge-<name>.png. \\[default: <a>-vs-<b> from the file names]")]
 Gpt4 = Annotated[Optional[bool], typer.Option("--gpt4", help="Judge with the paper's GPT-4o (gpt-4o-2024-05-13) unless --model names another.", show_default=False)]
 JudgeModel = Annotated[Optional[str], _opt("--model", "Judge model: any chat model of the OpenAI-compatible server (implies an LLM judge). \\[default with --gpt4: gpt-4o-2024-05-13]")]
 BaseUrl = Annotated[Optional[str], _opt("--base-url", "OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM). \\[default: $OPENAI_BASE_URL, else api.openai.com]")]

@@ -13,8 +13,10 @@ one unparsed or failed reply makes the pair unparsed or failed, never half a ver
 Outputs: ``judge/<name>.json`` (LLM) and ``judge/<name>-rm.json`` (reward model), each with
 every pair, reply and verdict plus the statistics of :mod:`.stats`; an agreement table when
 both exist for the same pairs (computed against the other file on disk, so the two judges
-may run at different times); ``plots/judge.png`` with one bar per comparison and judge in
-the run directory; a ``judge/<name>`` entry in ``run.json``. Judgements that still failed
+may run at different times); ``plots/judge-<name>.png`` with one bar per judge of this
+comparison, and ``plots/judge.png``, redrawn each time, with one bar per comparison and
+judge in the run directory (from the result files on disk, so no comparison is lost); a
+``judge/<name>`` entry in ``run.json``. Judgements that still failed
 after the retries are listed, left out of the rates, and the command exits with code 1;
 rerunning it asks only for those (everything answered is cached, see :mod:`.client`).
 """
@@ -161,7 +163,8 @@ def _verdicts_on_disk(path: Path) -> dict[str, str] | None:
     return {p["key"]: p["verdict"] for p in data.get("pairs", [])}
 
 
-def _bars(run: RunDir) -> list[dict]:
+def _bars(run: RunDir, name: str | None = None) -> list[dict]:
+    """Win/tie/loss bars of every result file in the run directory (or of comparison ``name``)."""
     bars = []
     for path in sorted(run.path("judge").glob("*.json")):
         try:
@@ -169,6 +172,8 @@ def _bars(run: RunDir) -> list[dict]:
             s = data["stats"]
             judge = data["judge"]
         except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+        if name is not None and data.get("name") != name:
             continue
         label = f"{data['name']} ({_label(judge)})"
         bars.append({"label": label, "win": s["win"], "tie": s["tie"], "loss": s["loss"], "order": (data["name"], judge.get("kind") != "llm")})
@@ -187,7 +192,7 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
     check(config)
     run_dir = RunDir(config.run_dir)
     err = Console(stderr=True)
-    matched = pairs_module.match(file_a, file_b)
+    matched = pairs_module.match(file_a, file_b, strict=config.strict)
     for note in matched.notes():
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     chosen = pairs_module.sample(matched.pairs, config.sample, config.seed)
@@ -232,7 +237,8 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
     if agreement:
         tables.agreement_table("llm", "rm", agreement)
     tables.judge_table(name, {_label(results[k][1]): v for k, v in summaries.items()})
-    plot = plots.win_tie_loss(_bars(run_dir), run_dir.plot_path("judge"), title=f"pairwise judgements in {run_dir.root}")
+    plot = plots.win_tie_loss(_bars(run_dir, name), run_dir.plot_path(f"judge-{name}"), title=f"pairwise judgements: {name}")
+    overview = plots.win_tie_loss(_bars(run_dir), run_dir.plot_path("judge"), title=f"pairwise judgements in {run_dir.root}")
     failed = sum(1 for rows, _ in results.values() for r in rows for o in r.get("orders", []) if o["verdict"] == "failed")
     unparsed = sum(1 for rows, _ in results.values() for r in rows for o in r.get("orders", []) if o["verdict"] == "unparsed")
     if unparsed:
@@ -245,7 +251,7 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
             "are left out of the rates. Rerun the same command to ask only for those: every answered judgement is "
             f"cached in {run_dir.path('judge', 'cache')}.", highlight=False, soft_wrap=True,
         )  # fmt: skip
-    for path in [*written.values(), plot]:
+    for path in [*written.values(), plot, overview]:
         err.print(f"wrote {path}", highlight=False)
     keys = ("pairs", "win", "tie", "loss", "win_rate", "unparsed", "failed")
     metrics = {kind: {k: summary[k] for k in keys} for kind, summary in summaries.items()}

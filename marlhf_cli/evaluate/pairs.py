@@ -2,8 +2,10 @@
 
 Rows need ``prompt`` and ``response`` (``completion`` is accepted too, TRL's name); what
 ``marlhf ppo`` writes to ``samples/<name>.jsonl`` qualifies. A row without them is skipped
-and counted with its file and line (``--debug`` is not needed to find it), and so are
-repeated prompts within one file (the first is kept) and prompts that only one file has.
+and counted with its file and line (``--debug`` is not needed to find it), or with
+``--strict`` stops the command there; repeated prompts within one file (the first is kept)
+and prompts that only one file has are counted too. When no pair is left, the error says
+why: a file with no usable row names its first bad row (file, line and field).
 
 Randomness is a pure function of (seed, prompt): which pairs ``--sample K`` picks does not
 depend on file order, and which side is shown first does not depend on which other pairs
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from ..data.local import read_rows
 from ..data.report import SkipReport
-from ..errors import UserError
+from ..errors import UserError, bad_input
 
 
 @dataclass(frozen=True)
@@ -57,24 +59,37 @@ def prompt_key(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def read_samples(path: str | Path) -> tuple[dict[str, str], SkipReport, int]:
-    """prompt -> response (first occurrence), the skip report, and the repeated-prompt count."""
+def _problem(row: object) -> tuple[str, str | None, str] | None:
+    """Why a row cannot be judged (reason, field, detail), or None."""
+    if not isinstance(row, dict):
+        return "not an object", None, "expected a JSON object"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return "missing prompt", "prompt", "missing, empty or not text"
+    if not isinstance(row.get("response", row.get("completion")), str):
+        return "missing response", "response", "missing or not text (nor 'completion')"
+    return None
+
+
+def read_samples(path: str | Path, strict: bool = False) -> tuple[dict[str, str], SkipReport, int]:
+    """prompt -> response (first occurrence), the skip report, and the repeated-prompt count.
+
+    ``strict``: the first bad row is a one-line error naming its file, line and field.
+    """
     report = SkipReport()
     responses: dict[str, str] = {}
     repeated = 0
     for line, row in read_rows(path):
         report.rows += 1
-        if not isinstance(row, dict):
-            report.add_skip("not an object", path, line, None, "expected a JSON object")
+        problem = _problem(row)
+        if problem is not None:
+            reason, field_name, detail = problem
+            if strict:
+                raise bad_input(f"{detail} (strict mode)", path, line, field_name)
+            report.add_skip(reason, path, line, field_name, detail)
             continue
-        prompt = row.get("prompt")
+        prompt = row["prompt"]
         response = row.get("response", row.get("completion"))
-        if not isinstance(prompt, str) or not prompt.strip():
-            report.add_skip("missing prompt", path, line, "prompt", "missing, empty or not text")
-            continue
-        if not isinstance(response, str):
-            report.add_skip("missing response", path, line, "response", "missing or not text")
-            continue
         if prompt in responses:
             repeated += 1
             continue
@@ -83,10 +98,16 @@ def read_samples(path: str | Path) -> tuple[dict[str, str], SkipReport, int]:
     return responses, report, repeated
 
 
-def match(path_a: str | Path, path_b: str | Path) -> Matched:
+def match(path_a: str | Path, path_b: str | Path, strict: bool = False) -> Matched:
     """Pairs of responses to the same prompt, in file A's order."""
-    a, report_a, dup_a = read_samples(path_a)
-    b, report_b, dup_b = read_samples(path_b)
+    a, report_a, dup_a = read_samples(path_a, strict)
+    b, report_b, dup_b = read_samples(path_b, strict)
+    for path, report in ((path_a, report_a), (path_b, report_b)):
+        if report.rows == 0:
+            raise UserError(f"{path}: no rows: nothing to judge")
+        if report.kept == 0:
+            # "share no prompt" would hide the cause: every row lacks a field
+            raise UserError(f"{path}: no usable row ({report.summary()}): nothing to judge")
     pairs = [Pair(prompt_key(p), p, r, b[p]) for p, r in a.items() if p in b]
     if not pairs:
         raise UserError(f"{path_a} and {path_b} share no prompt: nothing to judge")

@@ -15,7 +15,7 @@ from ..options import opt as _opt
 Model = Annotated[Optional[str], _opt("--model", "Model that writes the programs: a run-directory stage (sft, ppo/<name>, or ppo when there is one run), a hub id, a folder or an alias ('tiny'). \\[default: sft]")]
 Name = Annotated[Optional[str], _opt("--name", "Result name: passk/<name>.json and passk/<name>-samples.jsonl. \\[default: from --model, e.g. sft or ppo-<name>]")]
 Dataset = Annotated[Optional[str], _opt("--dataset", "Problems: apps (codeparrot/apps, or the embedded sample offline), or a local .jsonl in APPS's shape. \\[default: apps]")]
-DataFile = Annotated[Optional[str], _opt("--data-file", "A local file of APPS-style problems (e.g. ../shared/data/apps/apps-sample.jsonl or the Code Jam problems).")]
+DataFile = Annotated[Optional[str], _opt("--data-file", "A local JSON Lines file of APPS-style problems: the hub's rows, or question/inputs/outputs/difficulty (+ fn_name) as plain JSON values.")]
 Split = Annotated[Optional[str], _opt("--split", "eval (the hub's test split, or the held-out 10% of a file) or all. \\[default: eval for the hub, all for --data-file]")]
 Limit = Annotated[Optional[int], _opt("--limit", "Evaluate the first P problems of the split only.")]
 N = Annotated[Optional[int], _opt("--n", "Programs sampled per problem (at least the largest k). \\[default: 5]")]

@@ -78,3 +78,14 @@ def inputs_entry(config: Any, model: str, train, evaluation, **extra: Any) -> di
 def record(run: RunDir, stage: str, config: Any, inputs: dict, metrics: dict | None, status: str) -> None:
     if eng.is_main():
         run.record_stage(stage, config=config_module.to_dict(config), inputs=inputs, metrics=metrics, status=status)
+
+
+def clear_previous_outputs(run: RunDir, stage: str, name: str | None = None) -> None:
+    """A fresh run, options checked: the same stage's earlier outputs go (rank 0), and the
+    user is told, so an interrupted run never leaves an older finished model looking current."""
+    if eng.is_main():
+        removed = run.clear_outputs(stage, name)
+        if removed:
+            where = run.stage_dir(stage, name)
+            say(f"fresh run: removed the previous outputs of {where} ({len(removed)} files or folders; pass --resume to continue a run)")
+    eng.barrier()

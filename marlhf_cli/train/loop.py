@@ -233,14 +233,14 @@ def fit(
 ) -> FitResult:
     """Train ``engine`` on ``task`` for ``steps`` optimizer steps, with eval and checkpoints.
 
-    ``resume_from`` (see :func:`resume_point`) restores model, optimizer, scheduler and
-    random states first and continues at the checkpoint's step.
+    ``resume_from`` (see :func:`resume_point`, whose options :func:`fit_stage` has checked)
+    restores model, optimizer, scheduler and random states first and continues at the
+    checkpoint's step.
     """
     micro = batch_size // (config.gradient_accumulation_steps * eng.world_size())
     expected = run_fingerprint(task, config, batch_size, steps)
     start = 0
     if resume_from is not None:
-        checkpoints.check_fingerprint(resume_from, expected)
         start = int(checkpoints.load_checkpoint(engine, resume_from)["step"])
         monitor.print(f"resuming from {resume_from} (step {start} of {steps})")
     last_train: dict[str, float] = {}
@@ -266,7 +266,8 @@ def fit(
             if last_eval:
                 monitor.log(done, last_eval, "eval")
         if config.save_every and done % config.save_every == 0 and not final:
-            checkpoints.save_checkpoint(engine, checkpoint_dir, done, {"fingerprint": expected, "stage": task.name})
+            state = {"fingerprint": expected, "config": checkpoints.config_state(config), "stage": task.name}
+            checkpoints.save_checkpoint(engine, checkpoint_dir, done, state)
     if task.eval:
         last_eval = evaluate(engine, task, micro)
         monitor.log(steps, last_eval, "eval")
@@ -288,6 +289,12 @@ def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: d
 
     checkpoint_dir = run_dir.stage_dir(stage) / "checkpoints"
     resume_from = resume_point(config, checkpoint_dir, common.say)
+    if resume_from is not None:  # before anything is written or drawn: a refusal is one line
+        expected = run_fingerprint(task, config, config.batch_size, steps)
+        for note in checkpoints.check_fingerprint(resume_from, expected, config):
+            common.say(note)
+    else:  # data, model and options were all accepted by now
+        common.clear_previous_outputs(run_dir, stage)
     common.record(run_dir, stage, config, inputs, None, status="running")
     monitor = Monitor(run_dir, stage, total_steps=steps, start_step=resume_step(resume_from), enabled=eng.is_main())
     try:

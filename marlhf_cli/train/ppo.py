@@ -524,6 +524,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         if eng.is_main() and latest_common(root, critic=not ctx.critic_free) is not None:
             common.say(f"fresh run: removing old checkpoints in {root} (pass --resume to continue them)")
         checkpoints.clear_checkpoints(root)
+    if start == 0:  # nothing to continue: an earlier run's model and samples must not outlive this one's start
+        common.clear_previous_outputs(run_dir, STAGE, name)
     what_runs = describe(config, rule)
     common.say(f"ppo '{name}': {what_runs}")
     k = group_size(config)

@@ -15,6 +15,7 @@ KEEP_CHECKPOINTS = 2  # actor and critic are saved one after the other: keep a c
 
 def save(ctx: Any, root: Path, step: int, state: dict) -> None:
     """Actor then critic, each atomically; a step counts once both are complete."""
+    state = {**state, "config": checkpoints.config_state(ctx.config)}  # what --resume compares
     checkpoints.save_checkpoint(ctx.models.actor, root / "actor", step, state, keep=KEEP_CHECKPOINTS)
     if ctx.models.critic is not None:
         checkpoints.save_checkpoint(ctx.models.critic, root / "critic", step, state, keep=KEEP_CHECKPOINTS)
@@ -39,7 +40,8 @@ def resume(ctx: Any, root: Path, expected: dict) -> int:
         common.say(f"--resume: no checkpoint in {root} yet; starting from step 0")
         return 0
     actor_dir, critic_dir = found
-    checkpoints.check_fingerprint(actor_dir, expected)
+    for note in checkpoints.check_fingerprint(actor_dir, expected, ctx.config):
+        common.say(note)
     state = checkpoints.load_checkpoint(ctx.models.actor, actor_dir)
     if with_critic:
         checkpoints.load_checkpoint(ctx.models.critic, critic_dir)
