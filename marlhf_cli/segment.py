@@ -17,7 +17,7 @@ from typing import Iterable
 
 from .errors import UserError, bad_input
 
-RULES = ("fixed", "randomized", "ppl", "parsing", "code")
+from .config import rule_list
 TEXT_FIELDS = ("response", "text")
 HISTOGRAM_BINS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 10), (11, 20), (21, None))
 
@@ -218,23 +218,11 @@ def summarise(stats: RuleStats) -> dict:
 # the command
 
 
-def parse_rules(spec: str) -> list[str]:
-    rules = list(RULES) if spec == "all" else [r.strip() for r in spec.split(",") if r.strip()]
-    for name in rules:
-        if name not in RULES:
-            raise UserError(f"--rule: unknown rule '{name}' (choose from {', '.join(RULES)}, or all)")
-    if not rules:
-        raise UserError("--rule: no rule given")
-    return rules
-
-
 def run(config, source: str) -> None:
     """What ``marlhf segment`` does: read, segment with each rule, print."""
     from .models import load_causal_lm, load_tokenizer
 
-    rules = parse_rules(config.rule)
-    if config.format not in ("text", "json"):
-        raise UserError(f"--format: expected 'text' or 'json', got '{config.format}'")
+    rules = rule_list(config.rule)  # checked with the options (config.ACCEPTS)
     responses = read_responses(source)
     tokenizer = load_tokenizer(config.tokenizer)
     model = None

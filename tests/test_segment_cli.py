@@ -113,8 +113,8 @@ def test_dry_run_prints_resolved_config(texts):
         (b'{"response": "ok"}\n{"other": 1}\n', [], ":2: field 'response': missing"),
         (b'{"response": 3}\n', [], ":1: field 'response': expected a string"),
         (b"caf\xe9 au lait", [], ":1: invalid UTF-8"),
-        (b"hello", ["--rule", "sentences"], "unknown rule 'sentences'"),
-        (b"hello", ["--format", "xml"], "expected 'text' or 'json'"),
+        (b"hello", ["--rule", "sentences"], "--rule must be fixed, randomized"),
+        (b"hello", ["--format", "xml"], "--format must be one of text, json"),
         (b"hello", ["--n", "many"], "config key 'n'"),
     ],
 )
