@@ -172,7 +172,7 @@ class PromptSchedule:
         if len(self.records) < self.batch_size:
             raise UserError(
                 f"only {len(self.records)} PPO prompts for --rollout-batch-size {self.batch_size}: "
-                "lower it or add data (--max-records, --dataset)"
+                "lower it, raise --max-records if you set it, or use a dataset with more prompts"
             )
 
     def indices(self, step: int) -> list[int]:
