@@ -63,7 +63,8 @@ def read_responses(source: str) -> list[str]:
     """Responses from a plain-text file (one response), a JSONL file, or '-' for stdin.
 
     A file is JSONL when its name ends in .jsonl, or when its first non-blank line is a JSON
-    object; each line then needs a string 'response' or 'text' field.
+    object; each line then needs a string 'response' or 'text' field. Empty input (nothing
+    but whitespace) is a user error: one line, exit code 2.
     """
     if source == "-":
         raw = sys.stdin.buffer.read()
@@ -79,6 +80,8 @@ def read_responses(source: str) -> list[str]:
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise bad_input(f"invalid UTF-8 at byte {err.start}", name, line) from None
+    if not content.strip():  # said, not a silent exit 0: an empty pipe is usually a mistake upstream
+        raise bad_input("empty input: no text to segment", name)
     if _looks_like_jsonl(name, content):
         return list(_jsonl_responses(name, content))
     return [content]
