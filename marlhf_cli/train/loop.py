@@ -288,6 +288,9 @@ def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: d
 
     checkpoint_dir = run_dir.stage_dir(stage) / "checkpoints"
     resume_from = resume_point(config, checkpoint_dir, common.say)
+    if resume_from is not None:  # refuse before run.json says running and metrics are cut back
+        checkpoints.check_fingerprint(resume_from, run_fingerprint(task, config, config.batch_size, steps))
+        checkpoints.check_unfinished(resume_from)
     common.record(run_dir, stage, config, inputs, None, status="running")
     monitor = Monitor(run_dir, stage, total_steps=steps, start_step=resume_step(resume_from), enabled=eng.is_main())
     try:
