@@ -198,11 +198,22 @@ def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None)
     return [f"--resume: applying {change} (no training step depends on it)" for change in applied]
 
 
+def check_unfinished(folder: str | Path) -> None:
+    """Refuse to resume a checkpoint that :func:`retire` emptied: its run finished."""
+    state = read_state(folder)
+    if state.get("finished"):
+        raise UserError(
+            f"--resume: {Path(folder).parent} belongs to a run that finished (step {state.get('step')}); "
+            "nothing to resume: run without --resume to train again"
+        )
+
+
 def load_checkpoint(engine, folder: str | Path) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and this rank's random state; returns the trainer state."""
     import torch
 
     folder = Path(folder)
+    check_unfinished(folder)
     engine.load_checkpoint(
         str(folder.parent), tag=folder.name, load_optimizer_states=True, load_lr_scheduler_states=True
     )
@@ -218,6 +229,25 @@ def clear_checkpoints(root: str | Path) -> None:
     if eng.is_main() and root.is_dir():
         shutil.rmtree(root)
     eng.barrier()
+
+
+def retire(root: str | Path) -> None:
+    """After the stage finished: keep each checkpoint's trainer state (what ``--resume``
+    checks the options against) and drop the model, optimizer and random states, which a
+    finished run never reads again. They were most of a run directory: with ``--preset
+    cpu-tiny``, 148 of 211 MB (model weights and both Adam moments, four times over)."""
+    root = Path(root)
+    if not eng.is_main() or not root.is_dir():
+        return
+    for stale in root.rglob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for state_file in root.rglob(STATE_FILE):
+        folder = state_file.parent
+        state = read_state(folder)
+        for item in folder.iterdir():
+            if item.name != STATE_FILE:
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+        artifacts.write_json(state_file, {**state, "finished": True})
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -1,4 +1,8 @@
-"""The ``marlhf`` command line: one thin function per command, wiring flags to a stage."""
+"""The ``marlhf`` command line: one thin function per command, wiring flags to a stage.
+
+Each command resolves (and so checks) its options before it imports its stage, so a bad
+value fails in one line before torch, a model or a dataset is loaded.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     add_completion=False,
+    cls=options.OneLineErrors,
+    # click's plain help wraps long flag names instead of cutting them (rich's table cuts
+    # them below ~120 columns); it is readable at 80 columns.
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -55,33 +63,33 @@ def segment(
         Optional[str],
         typer.Option(
             "--rule",
-            help="Termination rule: fixed, randomized, ppl, parsing, code; several comma-separated, or 'all'. \\[default: fixed]",
+            help="Termination rule: fixed, randomized, ppl, parsing, code; several comma-separated, or 'all'. [default: fixed]",
             show_default=False,
         ),
     ] = None,
     n: Annotated[
         Optional[str],
-        typer.Option("--n", help="Segment length of the fixed rule, and the fallback of the text rules; 'inf' = whole response. \\[default: 5]", show_default=False),
+        typer.Option("--n", help="Segment length of the fixed rule, and the fallback of the text rules; 'inf' = whole response. [default: 5]", show_default=False),
     ] = None,
     cutoff: Annotated[
         Optional[int],
-        typer.Option("--cutoff", help="Largest segment, in tokens, of the parsing rule (C) and the code rule (C_code). \\[default: 5 for parsing, 10 for code]", show_default=False),
+        typer.Option("--cutoff", help="Largest segment, in tokens, of the parsing rule (C) and the code rule (C_code). [default: 5 for parsing, 10 for code]", show_default=False),
     ] = None,
     tokenizer: Annotated[
         Optional[str],
-        typer.Option("--tokenizer", help="Tokenizer: hub id, local path, or alias 'tiny'/'smollm2-135m' (SmolLM2's, offline). \\[default: tiny]", show_default=False),
+        typer.Option("--tokenizer", help="Tokenizer: hub id, local path, or alias 'tiny'/'smollm2-135m' (SmolLM2's, offline). [default: tiny]", show_default=False),
     ] = None,
     model: Annotated[
         Optional[str],
-        typer.Option("--model", help="Reference model for the ppl rule (must share the tokenizer's vocabulary). \\[default: smollm2-135m]", show_default=False),
+        typer.Option("--model", help="Reference model for the ppl rule (must share the tokenizer's vocabulary). [default: smollm2-135m]", show_default=False),
     ] = None,
     backend: Annotated[
         Optional[str],
-        typer.Option("--backend", help="Parser of the parsing rule: auto (stanza if its English model is installed, else spaCy), stanza, spacy. \\[default: auto]", show_default=False),
+        typer.Option("--backend", help="Parser of the parsing rule: auto (stanza if its English model is installed, else spaCy), stanza, spacy. [default: auto]", show_default=False),
     ] = None,
     output_format: Annotated[
         Optional[str],
-        typer.Option("--format", help="text: segments joined with @@ (coloured on a terminal); json: one JSON object per response and rule. \\[default: text]", show_default=False),
+        typer.Option("--format", help="text: segments joined with @@ (coloured on a terminal); json: one JSON object per response and rule. [default: text]", show_default=False),
     ] = None,
     stats: Annotated[
         bool, typer.Option("--stats", help="Print segment-length statistics per rule instead of the segments: count, mean, largest, share longer than --cutoff, histogram.")
@@ -92,25 +100,26 @@ def segment(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """Preview the macro actions (segments) a termination rule makes of any text.
+    """Preview the macro actions a termination rule makes of text.
+
+    Shows the segments (macro actions) of each response, or their length statistics.
 
     Examples: marlhf segment answer.txt --rule parsing;
     marlhf segment samples.jsonl --rule all --stats; echo 'x = 1' | marlhf segment - --rule code
     """
-    from . import segment as preview
-
     config = options.resolve_config(
         "segment", preset=preset, config_file=config_file, dry_run=dry_run,
         rule=rule, n=n, cutoff=cutoff, tokenizer=tokenizer, model=model, backend=backend,
         format=output_format, stats=stats or None, seed=seed, debug=debug or None,
     )
+    from . import segment as preview
     preview.run(config, file)
 
 
 @app.command()
 @options.user_errors
 def sft(
-    model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). \\[default: google/gemma-2b]", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). [default: google/gemma-2b]", show_default=False)] = None,
     dataset: flags.DatasetOption = None,
     data_file: flags.DataFileOption = None,
     strict: flags.StrictOption = None,
@@ -144,13 +153,13 @@ def sft(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """Supervised fine-tuning on prompt + chosen response (loss on response tokens only); writes sft/.
+    """Supervised fine-tuning of the policy; writes sft/.
+
+    Trains on prompt + chosen response, with the loss on the response tokens only.
 
     Examples: marlhf sft --preset cpu-tiny; marlhf sft --dataset hh --data-file hh.jsonl --model smollm2-135m;
     marlhf sft --resume (after a crash); marlhf sft --nproc 2 --zero-stage 3
     """
-    from .train import sft as stage
-
     config = options.resolve_config(
         "sft", preset=preset, config_file=config_file, dry_run=dry_run,
         model=model, dataset=dataset, data_file=data_file, strict=strict, max_records=max_records,
@@ -163,13 +172,14 @@ def sft(
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc,
         run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
     )
+    from .train import sft as stage
     stage.run(config)
 
 
 @app.command()
 @options.user_errors
 def rm(
-    model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). \\[default: the run's sft/ folder]", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). [default: the run's sft/ folder]", show_default=False)] = None,
     dataset: flags.DatasetOption = None,
     data_file: flags.DataFileOption = None,
     strict: flags.StrictOption = None,
@@ -203,13 +213,13 @@ def rm(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """Train a pairwise reward model (-log sigmoid(r_chosen - r_rejected)) from the SFT model; writes rm/.
+    """Train a pairwise reward model from sft/; writes rm/.
+
+    Loss -log sigmoid(r_chosen - r_rejected), starting from the SFT model.
 
     Reports held-out accuracy, margin and score mean/std (stored in rm/config.json).
     Examples: marlhf rm --preset cpu-tiny; marlhf rm --dataset hh --data-file hh.jsonl --model smollm2-135m
     """
-    from .train import rm as stage
-
     config = options.resolve_config(
         "rm", preset=preset, config_file=config_file, dry_run=dry_run,
         model=model, dataset=dataset, data_file=data_file, strict=strict, max_records=max_records,
@@ -222,6 +232,7 @@ def rm(
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc, trainable_layers=trainable_layers,
         run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
     )
+    from .train import rm as stage
     stage.run(config)
 
 
@@ -290,13 +301,13 @@ def ppo(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """PPO and MA-PPO (RLHF with macro actions): policy from sft/, critic and reward from rm/; writes ppo/<name>/.
+    """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
+
+    Policy and reference from sft/, critic and reward from rm/.
 
     Examples: marlhf ppo --termination ppl (MA-PPO); marlhf ppo --termination fixed --n 1 (vanilla PPO);
     marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl
     """
-    from .train import ppo as stage
-
     config = options.resolve_config(
         "ppo", preset=preset, config_file=config_file, dry_run=dry_run and not compare,
         name=name, policy=policy, reward_model=reward_model, reward=reward, advantage=advantage,
@@ -316,6 +327,7 @@ def ppo(
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc,
         run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
     )
+    from .train import ppo as stage
     if compare or names:
         from .train import ppo_report
 
@@ -354,14 +366,14 @@ def bon(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """Best-of-N: mean reward-model score of the best of N samples per prompt, per temperature (the paper's Figure 8).
+    """Best-of-N reward per temperature (the paper's Figure 8).
+
+    Mean reward-model score of the best of N samples per prompt, for each temperature.
 
     Samples the largest N once per temperature and estimates smaller N from the same samples;
     writes bon/<name>.json, bon/<name>-best.jsonl, plots/bon-<name>.png; a rerun skips finished temperatures.
     Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16 --temperature 0.2,0.6,1.0; marlhf bon --policy sft
     """
-    from .evaluate import bon as stage
-
     config = options.resolve_config(
         "bon", preset=preset, config_file=config_file, dry_run=dry_run,
         name=name, policy=policy, reward_model=reward_model, n=n, temperature=temperature, dataset=dataset,
@@ -369,6 +381,7 @@ def bon(
         max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
         normalize=normalize, run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
     )
+    from .evaluate import bon as stage
     stage.run(config)
 
 
@@ -404,7 +417,9 @@ def judge(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """Pairwise judging of two sample files: win/tie/loss of the first with 95% CIs (the paper's Figure 4, Table 1).
+    """Win/tie/loss of two sample files by a judge, with 95% CIs.
+
+    Pairwise judging as in the paper's Figure 4 and Table 1; verdicts are for the first file.
 
     The API key comes from $OPENAI_API_KEY (or --api-key-env). Writes judge/<name>.json, plots/judge-<name>.png
     and plots/judge.png (every comparison of the run directory);
@@ -412,8 +427,6 @@ def judge(
     Examples: marlhf judge --gpt4 --sample 50 samples/fixed5.jsonl samples/vanilla.jsonl;
     marlhf judge --model my-model --base-url http://localhost:8000/v1 --both-orders A.jsonl B.jsonl; marlhf judge --rm A.jsonl B.jsonl
     """
-    from .evaluate import judge as stage
-
     config = options.resolve_config(
         "judge", preset=preset, config_file=config_file, dry_run=dry_run,
         name=name, gpt4=gpt4, judge_model=judge_model, base_url=base_url, api_key_env=api_key_env, task=task,
@@ -423,6 +436,7 @@ def judge(
         batch_size=batch_size, strict=strict, run_dir=str(run_dir) if run_dir else None, seed=seed,
         debug=debug or None,
     )
+    from .evaluate import judge as stage
     outcome = stage.run(config, file_a, file_b)
     if outcome["failed"]:
         raise typer.Exit(code=1)
@@ -458,13 +472,13 @@ def passk(
     dry_run: options.DryRunOption = False,
     debug: options.DebugOption = False,
 ) -> None:
-    """pass@k per difficulty (the paper's Table 3): sample n programs per problem, run them against the tests in a sandbox.
+    """pass@k per difficulty of sandboxed programs (Table 3).
+
+    Samples n programs per problem and runs them against the problem's tests in a sandbox.
 
     Writes passk/<name>.json and passk/<name>-samples.jsonl. Examples: marlhf passk --model ppo/fixed10 --n 5 --k 1,5;
     marlhf passk --model tiny --data-file problems.jsonl --n 2 --k 1,2 --max-new-tokens 64
     """
-    from .rewards import passk as stage
-
     config = options.resolve_config(
         "passk", preset=preset, config_file=config_file, dry_run=dry_run,
         model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, split=split, limit=limit,
@@ -473,6 +487,7 @@ def passk(
         workers=workers, max_tests=max_tests, dtype=dtype, run_dir=str(run_dir) if run_dir else None, seed=seed,
         debug=debug or None,
     )
+    from .rewards import passk as stage
     stage.run(config)
 
 

@@ -31,13 +31,11 @@ import sys
 import warnings
 from typing import Any, Iterator, Sequence
 
-from .config import TEMPLATES_DIR
+from .config import TEMPLATES_DIR, check_fields
 from .errors import UserError
 
 DEEPSPEED_TEMPLATES = TEMPLATES_DIR / "deepspeed"
 LAUNCHER_VARS = ("LOCAL_RANK", "WORLD_SIZE", "RANK")
-DTYPES = ("fp32", "bf16")
-SCHEDULES = ("cosine", "linear")
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,24 +239,16 @@ def micro_batch_size(batch_size: int, accumulation: int, processes: int) -> int:
 
 
 def check_engine_config(config: Any) -> None:
-    """One-line errors for option values DeepSpeed would reject with a long traceback."""
-    if config.zero_stage not in (0, 1, 2, 3):
-        raise UserError(f"--zero-stage must be 0, 1, 2 or 3, got {config.zero_stage}")
-    if config.dtype not in DTYPES:
-        extra = " (fp16 is not supported on the CPU)" if config.dtype == "fp16" else ""
-        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got '{config.dtype}'{extra}")
-    if config.lr_scheduler not in SCHEDULES:
-        raise UserError(f"--lr-scheduler must be one of {', '.join(SCHEDULES)}, got '{config.lr_scheduler}'")
-    if not 0.0 <= config.warmup_ratio < 1.0:
-        raise UserError(f"--warmup-ratio must be in [0, 1), got {config.warmup_ratio}")
-    if config.gradient_accumulation_steps < 1:
-        raise UserError("--gradient-accumulation-steps must be 1 or more")
+    """One-line errors for option values DeepSpeed would reject with a long traceback.
+
+    ``marlhf`` checked each value when it resolved the options; this repeats it for configs
+    built in code, and adds the checks that relate two options.
+    """
+    check_fields(config, ("zero_stage", "dtype", "lr_scheduler", "warmup_ratio", "gradient_accumulation_steps", "nproc"))
     if config.offload_params and config.zero_stage != 3:
         raise UserError("--offload-params needs --zero-stage 3")
     if config.offload_optimizer and config.zero_stage == 0:
         raise UserError("--offload-optimizer needs --zero-stage 1, 2 or 3")
-    if config.nproc < 1:
-        raise UserError(f"--nproc must be 1 or more, got {config.nproc}")
 
 
 def deepspeed_config(config: Any, *, batch_size: int, processes: int | None = None, hidden_size: int | None = None) -> dict:

@@ -10,6 +10,12 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+
+try:  # typer 0.2x ships its own copy of click; its errors are not click's
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # an older typer on the real click
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 from . import config as config_module
 from .errors import UserError
@@ -28,7 +34,7 @@ def switch(name: str, help: str):
 
 RunDirOption = Annotated[
     Optional[Path],
-    typer.Option("--run-dir", help="Run directory shared by all stages. \\[default: runs/default]", show_default=False),
+    typer.Option("--run-dir", help="Run directory shared by all stages. [default: runs/default]", show_default=False),
 ]
 ConfigOption = Annotated[
     Optional[Path],
@@ -41,7 +47,7 @@ PresetOption = Annotated[
         help="Named settings from templates/presets (tldr, hh, webgpt, apps, cpu-tiny); --config and flags win over it.",
     ),
 ]
-SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Random seed. \\[default: 42]", show_default=False)]
+SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Random seed. [default: 42]", show_default=False)]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print the resolved configuration as YAML and exit.")
 ]
@@ -54,6 +60,31 @@ def fail(message: str, debug: bool = False) -> None:
         traceback.print_exc()
     console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+class OneLineErrors(TyperGroup):
+    """The app's group: a value click rejects (``--n abc``, an unknown flag, a missing
+    argument) is one line and exit code 2, like every other user error, instead of a usage
+    block and a boxed message."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as err:
+            _usage_error(err)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            _usage_error(err)
+
+
+def _usage_error(err: UsageError) -> None:
+    if isinstance(err, NoArgsIsHelpError):  # 'marlhf' alone: the help, as click shows it
+        raise err
+    where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+    fail(err.format_message() + where)
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from .errors import UserError, bad_input
 
-RULES = ("fixed", "randomized", "ppl", "parsing", "code")
+from .config import rule_list
 TEXT_FIELDS = ("response", "text")
 HISTOGRAM_BINS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 10), (11, 20), (21, None))
 
@@ -66,7 +66,8 @@ def read_responses(source: str) -> list[str]:
     """Responses from a plain-text file (one response), a JSONL file, or '-' for stdin.
 
     A file is JSONL when its name ends in .jsonl, or when its first non-blank line is a JSON
-    object; each line then needs a string 'response' or 'text' field.
+    object; each line then needs a string 'response' or 'text' field. Empty input (nothing
+    but whitespace) is a user error: one line, exit code 2.
     """
     if source == "-":
         raw = sys.stdin.buffer.read()
@@ -82,6 +83,8 @@ def read_responses(source: str) -> list[str]:
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise bad_input(f"invalid UTF-8 at byte {err.start}", name, line) from None
+    if not content.strip():  # said, not a silent exit 0: an empty pipe is usually a mistake upstream
+        raise bad_input("empty input: no text to segment", name)
     if _looks_like_jsonl(name, content):
         return list(_jsonl_responses(name, content))
     return [content]
@@ -238,16 +241,6 @@ def summarise(stats: RuleStats) -> dict:
 # the command
 
 
-def parse_rules(spec: str) -> list[str]:
-    rules = list(RULES) if spec == "all" else [r.strip() for r in spec.split(",") if r.strip()]
-    for name in rules:
-        if name not in RULES:
-            raise UserError(f"--rule: unknown rule '{name}' (choose from {', '.join(RULES)}, or all)")
-    if not rules:
-        raise UserError("--rule: no rule given")
-    return rules
-
-
 def check_parser(backend: str) -> None:
     """One-line error, before anything is loaded, when the parsing rule cannot run."""
     from .macro import TerminationRule, missing_parser
@@ -265,9 +258,7 @@ def run(config, source: str) -> None:
     """What ``marlhf segment`` does: read, segment with each rule, print."""
     from .models import load_causal_lm, load_tokenizer
 
-    rules = parse_rules(config.rule)
-    if config.format not in ("text", "json"):
-        raise UserError(f"--format: expected 'text' or 'json', got '{config.format}'")
+    rules = rule_list(config.rule)  # checked with the options (config.ACCEPTS)
     if "parsing" in rules:
         check_parser(config.backend)
     responses = read_responses(source)

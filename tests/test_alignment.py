@@ -1,4 +1,4 @@
-"""Character spans of exact token ids (marlhf_cli.macro.alignment), docs/ma-ppo.md §3."""
+"""Character spans of exact token ids (marlhf_cli.macro.alignment), docs/method.md "Termination rules"."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def test_lists_and_checks():
         with pytest.raises(UserError):
             bon.parse_list(text, kind, "--n")
     result = CliRunner().invoke(app, ["bon", "--n", "0,4", "--policy", "tiny", "--reward-model", "tiny"])
-    assert result.exit_code == 2 and "--n values must be 1 or more" in result.output
+    assert result.exit_code == 2 and "--n must be comma-separated ints, each 1 or more" in result.output
     result = CliRunner().invoke(app, ["bon", "--temperature", "0", "--policy", "tiny", "--reward-model", "tiny"])
     assert result.exit_code == 2 and "--temperature" in result.output
 

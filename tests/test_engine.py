@@ -57,7 +57,7 @@ def test_bf16_and_offload_are_filled():
 @pytest.mark.parametrize(
     "overrides, batch, message",
     [
-        (dict(dtype="fp16"), 4, "not supported on the CPU"),
+        (dict(dtype="fp16"), 4, "does not run on the CPU"),
         (dict(zero_stage=4), 4, "--zero-stage"),
         (dict(offload_params=True, zero_stage=2), 4, "--offload-params needs --zero-stage 3"),
         (dict(offload_optimizer=True), 4, "--offload-optimizer needs"),

@@ -1,4 +1,4 @@
-"""Segment-level GAE (ma-ppo.md §4) against plain reference loops, and the §5 invariants.
+"""Segment-level GAE (docs/method.md "Segment GAE") against plain reference loops, and the invariants of docs/method.md.
 
 The reference implementations here are written with Python lists and the textbook
 definitions (A_k = sum_l (gamma lam)^l delta_{k+l}), independently of the vectorised code.
@@ -42,7 +42,7 @@ def reference_sigma(length: int, value_function: str) -> list[float]:
 
 
 def reference_sample(rewards, values, lengths, gamma, lam, value_function):
-    """Per-token (advantages, returns) of one sample by the definitions of ma-ppo.md §4."""
+    """Per-token (advantages, returns) of one sample by the definitions of docs/method.md "Segment GAE"."""
     segments, start = [], 0
     for length in lengths:
         segments.append(list(range(start, start + length)))

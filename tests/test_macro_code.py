@@ -1,4 +1,4 @@
-"""The ``code`` termination rule (ma-ppo.md §3) on modern Python syntax.
+"""The ``code`` termination rule (docs/method.md "Termination rules") on modern Python syntax.
 
 LM-token offsets come from simple regex "tokenizers" written here (spans that cover the
 text contiguously), so the tests do not depend on a real LM tokenizer.

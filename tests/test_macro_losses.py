@@ -1,4 +1,4 @@
-"""PPO losses (ma-ppo.md §5): hand computations, the macro ratio, and invariant 1 for losses."""
+"""PPO losses (docs/method.md "Losses"): hand computations, the macro ratio, and invariant 1 for losses."""
 
 from __future__ import annotations
 

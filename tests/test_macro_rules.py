@@ -1,4 +1,4 @@
-"""Termination rules fixed / randomized / ppl (ma-ppo.md §3) and invariant 4 for every rule."""
+"""Termination rules fixed / randomized / ppl (docs/method.md "Termination rules") and invariant 4 for every rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rule dispatcher, segment ids and batch segmentation (ma-ppo.md §3, invariants 4-5)."""
+"""The rule dispatcher, segment ids and batch segmentation (docs/method.md "Termination rules", invariants 4-5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `parsing` termination rule (marlhf_cli.macro.parsing), docs/ma-ppo.md §3.
+"""The `parsing` termination rule (marlhf_cli.macro.parsing), docs/method.md "Termination rules".
 
 Two halves: the tree walk on hand-built constituency trees (stanza's structure, no model
 needed) with exact expected segments, and the offline spaCy backend on real SmolLM2 tokens

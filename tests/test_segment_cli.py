@@ -133,8 +133,8 @@ def test_dry_run_prints_resolved_config(texts):
         (b'{"response": "ok"}\n{"other": 1}\n', [], ":2: field 'response': missing"),
         (b'{"response": 3}\n', [], ":1: field 'response': expected a string"),
         (b"caf\xe9 au lait", [], ":1: invalid UTF-8"),
-        (b"hello", ["--rule", "sentences"], "unknown rule 'sentences'"),
-        (b"hello", ["--format", "xml"], "expected 'text' or 'json'"),
+        (b"hello", ["--rule", "sentences"], "--rule must be fixed, randomized"),
+        (b"hello", ["--format", "xml"], "--format must be one of text, json"),
         (b"hello", ["--n", "many"], "config key 'n'"),
     ],
 )
@@ -146,3 +146,14 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, content, args, message)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n", "\n\n"])
+def test_empty_input_says_so(tmp_path, content):
+    """Empty input is one line and exit code 2, whether piped or a (JSONL) file."""
+    piped = invoke("-", input=content)
+    assert piped.exit_code == 2 and piped.output.strip() == "error: <stdin>: empty input: no text to segment"
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    from_file = invoke(str(path))
+    assert from_file.exit_code == 2 and from_file.output.strip() == f"error: {path}: empty input: no text to segment"

@@ -94,28 +94,37 @@ def load_records(
         raise UserError(f"unknown split '{split}': expected one of {', '.join(SPLITS)}")
     if limit is not None and limit < 0:
         raise UserError(f"limit must be 0 or more, got {limit}")
+    check_source(dataset, data_file)
     name = str(dataset).strip()
     if data_file is not None:
-        forced = ADAPTERS.get(name.lower())
-        if forced is None and name.lower() not in AUTO:
-            raise _unknown(name)
-        result = _from_file(Path(data_file), forced, split, seed, strict)
+        result = _from_file(Path(data_file), ADAPTERS.get(name.lower()), split, seed, strict)
     elif name.lower() in DATASETS:
         result = _from_hub(DATASETS[name.lower()], split, seed, strict)
-    elif name.lower() == "trl" or name.lower() in AUTO:
-        raise UserError(f"--dataset {name} needs a file: pass --data-file PATH")
-    elif is_data_file(name):
-        result = _from_file(Path(name), None, split, seed, strict)
     else:
-        raise _unknown(name)
+        result = _from_file(Path(name), None, split, seed, strict)
     if limit is not None:
         result.records = result.records[:limit]
     return result
 
 
+def check_source(dataset: str, data_file: str | Path | None = None) -> None:
+    """One-line error for a --dataset (with or without --data-file) that names no source.
+
+    Cheap (no file is read): the config layer calls it before any stage starts.
+    """
+    name = str(dataset).strip()
+    if data_file is not None:
+        if name.lower() not in ADAPTERS and name.lower() not in AUTO:
+            raise _unknown(name)
+    elif name.lower() == "trl" or name.lower() in AUTO:
+        raise UserError(f"--dataset {name} needs a file: pass --data-file PATH")
+    elif name.lower() not in DATASETS and not is_data_file(name):
+        raise _unknown(name)
+
+
 def _unknown(name: str) -> UserError:
     names = ", ".join(DATASETS)
-    return UserError(f"unknown dataset '{name}': expected one of {names}, or a .jsonl/.json/.parquet file")
+    return UserError(f"--dataset: unknown dataset '{name}': expected one of {names}, or a .jsonl/.json/.parquet file")
 
 
 def _from_file(path: Path, adapter: Adapter | None, split: str | None, seed: int, strict: bool) -> LoadResult:

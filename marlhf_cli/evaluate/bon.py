@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
+from ..config import parse_list
 from ..errors import UserError
 from ..seeding import derived_seed
 from . import estimator, plots, tables
@@ -45,33 +46,9 @@ STAGE = "bon"
 # options
 
 
-def parse_list(text: str, kind: type, flag: str) -> list:
-    """'4,8,16' (or '[4, 8]' from YAML) -> sorted unique values; one-line error otherwise."""
-    parts = [p.strip() for p in str(text).strip().strip("[]").split(",") if p.strip()]
-    try:
-        values = sorted({kind(float(p)) if kind is int and float(p).is_integer() else kind(p) for p in parts})
-    except ValueError:
-        raise UserError(f"{flag} expects comma-separated {kind.__name__}s, got '{text}'") from None
-    if not values:
-        raise UserError(f"{flag} is empty")
-    return values
-
-
 def check(config) -> tuple[list[int], list[float]]:
-    ns = parse_list(config.n, int, "--n")
-    temps = parse_list(config.temperature, float, "--temperature")
-    if ns[0] < 1:
-        raise UserError(f"--n values must be 1 or more, got {ns[0]}")
-    if temps[0] <= 0:
-        raise UserError(f"--temperature values must be > 0, got {temps[0]:g}")
-    for key in ("max_prompt_length", "max_new_tokens", "batch_size"):
-        if getattr(config, key) < 1:
-            raise UserError(f"--{key.replace('_', '-')} must be 1 or more, got {getattr(config, key)}")
-    if config.max_records is not None and config.max_records < 1:
-        raise UserError(f"--max-records must be 1 or more, got {config.max_records}")
-    if not 0 < config.top_p <= 1 or config.top_k < 0:
-        raise UserError("--top-p must be in (0, 1] and --top-k 0 or more")
-    return ns, temps
+    """The N and the temperatures (every value was checked with the options: config.ACCEPTS)."""
+    return parse_list(config.n, int, "--n"), parse_list(config.temperature, float, "--temperature")
 
 
 def resolve_policy(value: str | None, run: RunDir) -> tuple[str, str]:

@@ -56,14 +56,7 @@ def default_name(path_a: str, path_b: str) -> str:
 
 
 def check(config) -> None:
-    positive = {"concurrency": config.concurrency, "max_tokens": config.max_tokens, "batch_size": config.batch_size}
-    for key, value in positive.items():
-        if value < 1:
-            raise UserError(f"--{key.replace('_', '-')} must be 1 or more, got {value}")
-    if config.timeout <= 0:
-        raise UserError(f"--timeout must be > 0 seconds, got {config.timeout}")
-    if config.max_retries < 0 or config.retry_wait < 0:
-        raise UserError("--max-retries and --retry-wait must be 0 or more")
+    """A judge must be chosen (each option's value was checked with the options: config.ACCEPTS)."""
     if not (config.gpt4 or config.judge_model or config.rm_judge):
         raise UserError("choose a judge: --gpt4 (the paper's GPT-4o), --model NAME (any OpenAI-compatible model) or --rm (the reward model)")
 

@@ -11,6 +11,8 @@ from .stats import fmt_rate
 
 console = Console()
 
+JUDGE_ROWS = ("pairs", "win", "tie", "loss", "win rate [95% CI]", "ties as half", "length-controlled (ties half)", "sign test p", "unparsed", "failed")
+
 
 def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_scores: dict[float, float], samples: int, prompts: int) -> None:
     ns = sorted({n for c in curves.values() for n in c})
@@ -30,17 +32,25 @@ def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_
 
 
 def judge_table(name: str, summaries: dict[str, dict[str, Any]]) -> None:
-    table = Table(title=f"judge: {name} (verdicts for the first file)", title_justify="left")
-    for column in ("judge", "pairs", "win", "tie", "loss", "win rate [95% CI]", "ties as half", "length-controlled (ties half)", "sign test p", "unparsed", "failed"):
-        table.add_column(column, justify="left" if column == "judge" else "right")
-    for judge, s in summaries.items():
+    """One row per figure and one column per judge: eleven figures side by side would not
+    fit 80 columns, while judges are one or two (an LLM and the reward model)."""
+    table = Table(title=f"judge: {name}\n(verdicts for the first file)", title_justify="left")
+    table.add_column("")
+    for judge in summaries:
+        table.add_column(judge, justify="right", overflow="fold")
+    rows: dict[str, list[str]] = {label: [] for label in JUDGE_ROWS}
+    for s in summaries.values():
         lc = s.get("length_controlled") or {}
         p = s.get("sign_test_p")
-        table.add_row(
-            judge, str(s["pairs"]), str(s["win"]), str(s["tie"]), str(s["loss"]),
+        cells = (
+            str(s["pairs"]), str(s["win"]), str(s["tie"]), str(s["loss"]),
             fmt_rate(s["win_rate"], s["win_rate_ci"]), fmt_rate(s["win_rate_ties_half"]),
             fmt_rate(lc.get("win_rate")), "-" if p is None else f"{p:.3g}", str(s["unparsed"]), str(s["failed"]),
         )  # fmt: skip
+        for label, cell in zip(JUDGE_ROWS, cells):
+            rows[label].append(cell)
+    for label, cells in rows.items():
+        table.add_row(label, *cells)
     console.print(table)
     for judge, s in summaries.items():
         lines = []

@@ -1,9 +1,9 @@
-"""Segment-level (macro-action) advantage estimation, ma-ppo.md §4.
+"""Segment-level (macro-action) advantage estimation, docs/method.md "Segment GAE".
 
 For one sample with segments k = 1..K over token sets S_k:
 
     V_k     = sum_{t in S_k} sigma_t * v[t]          (sigma from the value function)
-    R_k     = sum_{t in S_k} r[t]                    (a sum, never a mean: §4)
+    R_k     = sum_{t in S_k} r[t]                    (a sum, never a mean: docs/method.md "Segment GAE")
     delta_k = R_k + gamma * V_{k+1} - V_k,  V_{K+1} = 0
     A_k     = sum_{l >= 0} (gamma * lam)^l * delta_{k+l}
     Q_k     = A_k + V_k
@@ -11,12 +11,12 @@ For one sample with segments k = 1..K over token sets S_k:
 and every token of S_k gets A_k and Q_k. With one token per segment this is exactly the
 token-level GAE of :func:`token_gae` (same kernel, bit for bit).
 
-Relation to the paper (Chai et al., ICLR 2025): this follows ma-ppo.md where the two
+Relation to the paper (Chai et al., ICLR 2025): this follows docs/method.md where the two
 differ. R_k is the paper's segment reward with rho = 1 (rewards are summed, never averaged:
 averaging would shrink the KL penalty by the segment length and dilute the final score);
 sigma offers the paper's ``equal`` (default), ``unit`` and ``position`` and, in addition,
 ``first`` (the value of the state where the segment starts, the semi-MDP option value; not
-in the paper, see ma-ppo.md §4 for why it is offered).
+in the paper, see docs/method.md "Segment GAE" for why it is offered).
 
 Implementation. Everything is vectorised over the batch. Real tokens of each row are first
 *packed* to the left (a stable sort on the mask), so any 0/1 mask (right padding, left
@@ -123,7 +123,7 @@ def segment_layout(mask: torch.Tensor, segment_ids: torch.Tensor) -> SegmentLayo
 
 
 def _packed_weights(layout: SegmentLayout, value_function: str, dtype: torch.dtype) -> torch.Tensor:
-    """sigma per packed token (ma-ppo.md §4), zero at padding."""
+    """sigma per packed token (docs/method.md "Segment GAE"), zero at padding."""
     length = layout.length.to(dtype)
     position = layout.position
     if value_function == "equal":
@@ -133,7 +133,7 @@ def _packed_weights(layout: SegmentLayout, value_function: str, dtype: torch.dty
         # The value of the segment's last token.
         sigma = (position == layout.length - 1).to(dtype)
     elif value_function == "first":
-        # Not in the paper (ma-ppo.md §4): the value of the state where the segment starts,
+        # Not in the paper (docs/method.md "Segment GAE"): the value of the state where the segment starts,
         # i.e. the option value V(s_tau) of the semi-MDP.
         sigma = (position == 0).to(dtype)
     elif value_function == "position":
@@ -261,7 +261,7 @@ def macro_advantages(
 
     sigma = _packed_weights(layout, value_function, dtype)
     segment_values = _packed_segment_sums(layout, sigma * v)  # V_k
-    segment_rewards = _packed_segment_sums(layout, r)  # R_k: a sum, not a mean (§4)
+    segment_rewards = _packed_segment_sums(layout, r)  # R_k: a sum, not a mean (docs/method.md "Segment GAE")
     # V_{k+1}; absent segments hold 0, so the last segment's successor value is 0.
     next_values = F.pad(segment_values[:, 1:], (0, 1))
     deltas = segment_rewards + gamma * next_values - segment_values

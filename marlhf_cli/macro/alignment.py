@@ -1,6 +1,6 @@
 """Character spans of generated token ids, computed from the ids themselves.
 
-The ``parsing`` termination rule (docs/ma-ppo.md §3) maps parser words to LM tokens through
+The ``parsing`` termination rule (docs/method.md "Termination rules") maps parser words to LM tokens through
 character offsets. Public implementations got this wrong by re-tokenizing the decoded text
 or searching for word strings in it: re-tokenizing a sampled response does not give back the
 sampled ids (BPE is not injective on ids, and the policy may sample non-canonical splits),

@@ -1,6 +1,6 @@
 """The ``code`` termination rule: Python statements as macro actions.
 
-ma-ppo.md §3: parse the response as Python; each simple statement and each
+docs/method.md "Termination rules": parse the response as Python; each simple statement and each
 compound-statement header is one segment, split further at expression boundaries when it
 is longer than C_code LM tokens. The paper's implementation used RedBaron, which cannot
 parse walrus, ``match``, positional-only parameters, parenthesised ``with`` or ``except*``;
@@ -54,7 +54,7 @@ from collections.abc import Iterable, Sequence
 __all__ = ["DEFAULT_CODE_CUTOFF", "code_lengths"]
 
 # C_code. The paper does not state a value for the statement rule's cutoff; 10 matches the
-# paper's fixed-n default for code (n=10, ma-ppo.md §3), so both code rules give segments of
+# paper's fixed-n default for code (n=10, docs/method.md "Termination rules"), so both code rules give segments of
 # comparable granularity.
 DEFAULT_CODE_CUTOFF = 10
 

@@ -1,4 +1,4 @@
-"""PPO losses for MA-PPO, ma-ppo.md §5.
+"""PPO losses for MA-PPO, docs/method.md "Losses".
 
 Policy: the advantages are segment-level (each token carries its segment's A_k), but by
 default the ratio is per token, as in the authors' code. ``ratio="macro"`` is the equation

@@ -1,4 +1,4 @@
-"""The ``parsing`` termination rule: macro actions from a constituency tree (docs/ma-ppo.md §3).
+"""The ``parsing`` termination rule: macro actions from a constituency tree (docs/method.md "Termination rules").
 
 Rule: parse the response text; depth-first from the root, a node whose span covers at most
 ``cutoff`` (C, paper default 5) LM tokens becomes one segment, a larger node is expanded into
@@ -7,9 +7,9 @@ not stand alone) only while that segment stays at most C tokens and within the s
 sentence; otherwise consecutive single-token nodes are grouped left to right into segments
 of at most C. LM tokens the tree does not cover (spaces, newlines) join the preceding segment
 (at the very start, the following one). No segment is longer than C LM tokens, whitespace
-aside (ma-ppo.md §3).
+aside (docs/method.md "Termination rules").
 
-Alignment of parser words to LM tokens (the part public code got wrong, ma-ppo.md §3): by
+Alignment of parser words to LM tokens (the part public code got wrong, docs/method.md "Termination rules"): by
 character offsets only. Each LM token comes with its character span in ``text`` (see
 :func:`marlhf_cli.macro.alignment.token_offsets`, computed from the exact generated ids);
 each parser word with its character span as reported by the parser itself (spaCy
@@ -56,7 +56,7 @@ says what to install (the commands call it at start-up, before any model is load
 segmenting functions raise :class:`ParserUnavailable` (an ``ImportError``) when the backend
 cannot be loaded. When one text cannot be parsed (empty or whitespace-only text, a parser
 error) they return ``None`` for it and never raise: the caller falls back to ``fixed`` and
-counts the fallback (ma-ppo.md §3). Inconsistent offsets (outside the text, decreasing) are
+counts the fallback (docs/method.md "Termination rules"). Inconsistent offsets (outside the text, decreasing) are
 a bug of the caller and raise ``ValueError``.
 
 This module imports nothing else of the project; the parsers are imported lazily and loaded
@@ -598,7 +598,7 @@ def _stanza_pipeline():
             processors="tokenize,pos,constituency",
             download_method=None,
             logging_level="WARN",
-            use_gpu=False,  # parsing runs on the CPU, never stalling the accelerator (§3)
+            use_gpu=False,  # parsing runs on the CPU, never stalling the accelerator (docs/method.md "Termination rules")
         )
     except Exception as error:  # noqa: BLE001 - an unusable install means "no stanza"
         _logger.warning("stanza is installed but its English pipeline failed to load: %s", error)

@@ -2,7 +2,7 @@
 
 A termination rule turns one response into a list of macro-action (segment) lengths.
 Every function here works on a single sample, so the boundaries of one response never
-depend on another response in the batch (docs ma-ppo.md §3, invariant 5), and every
+depend on another response in the batch (docs/method.md "Termination rules", invariant 5), and every
 function returns lengths that are all >= 1 and sum to the response length (invariant 4).
 """
 
@@ -20,7 +20,7 @@ __all__ = [
     "ppl_lengths",
 ]
 
-# ma-ppo.md §3, `randomized`: lengths drawn from {2, 3, 5, 10}, each repeated three times.
+# docs/method.md "Termination rules", `randomized`: lengths drawn from {2, 3, 5, 10}, each repeated three times.
 RANDOMIZED_POOL: tuple[int, ...] = (2, 3, 5, 10) * 3
 
 
@@ -90,7 +90,7 @@ def ppl_lengths(ref_logprobs: Sequence[float]) -> list[int]:
     """Grow a segment while the next token does not raise the segment's perplexity.
 
     With nll = -ref_logp, token t+1 joins the current segment iff
-    nll[t+1] <= mean(nll over the current segment) (ma-ppo.md §3). Adding a token whose
+    nll[t+1] <= mean(nll over the current segment) (docs/method.md "Termination rules"). Adding a token whose
     nll is at most the running mean cannot raise the mean, i.e. cannot raise the segment
     perplexity exp(mean nll). A NaN log-prob never satisfies the comparison, so it opens a
     new segment (and the segment after it, whose mean is NaN, too): lengths stay valid.

@@ -2,7 +2,7 @@
 
 The rules (``rules.py``, ``code.py``, and ``parsing.py`` for natural language) each map one
 response to a list of segment lengths. This module picks the rule from a
-:class:`TerminationRule`, applies the fall-back policy of ma-ppo.md §3 (a text rule that
+:class:`TerminationRule`, applies the fall-back policy of docs/method.md "Termination rules" (a text rule that
 cannot parse falls back to ``fixed`` with the rule's n, and the fallback is counted, never
 raised), and lays the lengths out as per-token segment ids aligned with a response mask,
 which is what :func:`marlhf_cli.macro.advantages.macro_advantages` consumes.
@@ -40,7 +40,7 @@ __all__ = [
 RULE_NAMES = ("fixed", "randomized", "ppl", "parsing", "code")
 TEXT_RULES = ("parsing", "code")
 BACKENDS = ("auto", "spacy", "stanza")
-# ma-ppo.md §3: the parsing rule's C = 5. The code rule's C_code: see code.DEFAULT_CODE_CUTOFF.
+# docs/method.md "Termination rules": the parsing rule's C = 5. The code rule's C_code: see code.DEFAULT_CODE_CUTOFF.
 DEFAULT_PARSING_CUTOFF = 5
 _DEFAULT_CUTOFF = {"parsing": DEFAULT_PARSING_CUTOFF, "code": DEFAULT_CODE_CUTOFF}
 
@@ -51,7 +51,7 @@ class TerminationRule:
 
     - ``name``: one of ``fixed``, ``randomized``, ``ppl``, ``parsing``, ``code``.
     - ``n``: the fixed length (whole number >= 1, or ``math.inf`` for one segment per
-      response); also the fallback length of the text rules (ma-ppo.md §3).
+      response); also the fallback length of the text rules (docs/method.md "Termination rules").
     - ``cutoff``: C, the most LM tokens a parse node / statement may span before it is
       split. ``None`` (the default) resolves to the rule's default in ``__post_init__``:
       5 for ``parsing`` (the paper's C), 10 for ``code`` (see ``code.DEFAULT_CODE_CUTOFF``),
@@ -98,7 +98,7 @@ class SegmentStats:
     """What a batch's segmentation looked like, for the metrics log.
 
     ``fallbacks`` counts responses whose text rule failed (parse error) and were segmented
-    with ``fixed`` instead (ma-ppo.md §3: count the fallbacks in the metrics).
+    with ``fixed`` instead (docs/method.md "Termination rules": count the fallbacks in the metrics).
     """
 
     samples: int

@@ -1,6 +1,6 @@
 """The compiler-signal reward for program synthesis (APPS) and the unbiased pass@k estimator.
 
-Reward (ma-ppo.md §6, the paper's APPS setting, after CodeRL/PPOCoder), per response:
+Reward (docs/method.md "Program rewards", the paper's APPS setting, after CodeRL/PPOCoder), per response:
 
     -1.0                               the program does not compile (SyntaxError)
     -0.6                               a test ends in a runtime error, timeout, memory or output limit

@@ -1,6 +1,6 @@
 """Run untrusted programs: one process per test, isolated, limited, killed at the deadline.
 
-Model-written code is hostile input (ma-ppo.md §6). Every run gets
+Model-written code is hostile input (docs/method.md "Program rewards"). Every run gets
 
 * a fresh interpreter in isolated mode (``python -I -S -X utf8``) started through
   :mod:`.harness`, with an empty environment (nothing of the parent's) and a fresh temporary

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import checkpoints
 from .. import config as config_module
 from .. import engine as eng
 from ..artifacts import RunDir
@@ -76,8 +77,12 @@ def inputs_entry(config: Any, model: str, train, evaluation, **extra: Any) -> di
 
 
 def record(run: RunDir, stage: str, config: Any, inputs: dict, metrics: dict | None, status: str) -> None:
+    """The stage's run.json entry; once it says finished, the stage's resume checkpoints
+    shrink to their trainer state (checkpoints.retire): the exported model is the result."""
     if eng.is_main():
         run.record_stage(stage, config=config_module.to_dict(config), inputs=inputs, metrics=metrics, status=status)
+        if status == "finished":
+            checkpoints.retire(run.stage_dir(*stage.split("/")) / "checkpoints")
 
 
 def clear_previous_outputs(run: RunDir, stage: str, name: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """Credit assignment: cut each response into macro actions, then run GAE over them.
 
-This is the only place where MA-PPO differs from PPO (ma-ppo.md §3-§4): the termination
+This is the only place where MA-PPO differs from PPO (docs/method.md "Termination rules", "Segment GAE"): the termination
 rule turns each response into segments, :func:`marlhf_cli.macro.macro_advantages` computes
 segment values, rewards, GAE and returns, and broadcasts them back to every token. With
 ``fixed`` and n = 1 every token is its own segment and this is token-level PPO exactly.

@@ -1,4 +1,4 @@
-"""Rollout: prompts in, the per-token quantities of ma-ppo.md §2 out.
+"""Rollout: prompts in, the per-token quantities of docs/method.md "Rollout quantities" out.
 
 For a batch of prompts this samples responses with the actor and computes, per response
 token a_t (t = 0 .. T-1):

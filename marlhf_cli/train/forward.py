@@ -2,7 +2,7 @@
 
 A rollout sequence is a left-padded prompt of P columns followed by a right-padded response
 of T columns, so one row may have padding at both ends. Three rules keep every forward
-consistent (ma-ppo.md §2):
+consistent (docs/method.md "Rollout quantities"):
 
 * Position ids come from the attention mask, ``cumsum(mask) - 1`` clamped at 0, in every
   forward (sampling included), so a token sees the same position whether its row was padded

@@ -293,6 +293,7 @@ def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: d
         expected = run_fingerprint(task, config, config.batch_size, steps)
         for note in checkpoints.check_fingerprint(resume_from, expected, config):
             common.say(note)
+        checkpoints.check_unfinished(resume_from)
     else:  # data, model and options were all accepted by now
         common.clear_previous_outputs(run_dir, stage)
     common.record(run_dir, stage, config, inputs, None, status="running")

@@ -59,15 +59,18 @@ class Monitor:
     def _start_progress(self, start_step: int) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.table import Column
 
+        # Fits 80 columns: a short bar, and the live metrics (the only column of any length)
+        # wrap onto a second line instead of squeezing the times into '0:0…'.
         self._progress = Progress(
             TextColumn(f"[bold]{self.stage}[/]"),
-            BarColumn(),
+            BarColumn(bar_width=12),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("<"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[live]}"),
+            TextColumn("{task.fields[live]}", table_column=Column(overflow="fold")),
             console=Console(stderr=True),
             transient=False,
         )
@@ -138,8 +141,10 @@ def _tensorboard(folder: Path, purge_step: int | None):
 
 
 def _plain(value: Any) -> Any:
+    """A metric for JSON: 7 significant digits (a float32's), so a learning rate of 3e-8
+    late in a schedule stays 3e-8 instead of rounding to 0.0."""
     if isinstance(value, float):
-        return round(value, 6) if math.isfinite(value) else None
+        return float(f"{value:.7g}") if math.isfinite(value) else None
     return value
 
 

@@ -129,7 +129,7 @@ def describe(config, rule) -> str:
 
 def reward_kind(config) -> str:
     """``--reward``, or by default ``apps`` for the APPS dataset (its reward is the tests'
-    outcome, ma-ppo.md §6) and ``model`` (the reward model) for everything else."""
+    outcome, docs/method.md "Program rewards") and ``model`` (the reward model) for everything else."""
     if config.reward:
         return config.reward
     return "apps" if config.dataset == "apps" else "model"
@@ -139,7 +139,7 @@ def model_sources(config, run_dir: RunDir) -> tuple[str, str]:
     """(policy, critic source): the flags, else the run's sft/ and rm/ (or a 'run X first' error).
 
     With ``--reward apps`` there is no reward model: the critic starts from the policy
-    (ma-ppo.md §6) unless ``--reward-model`` names one.
+    (docs/method.md "Program rewards") unless ``--reward-model`` names one.
     """
     policy = str(config.policy) if config.policy else str(run_dir.require("sft"))
     if config.reward_model:
@@ -232,7 +232,7 @@ class PromptSchedule:
         if len(self.records) < self.batch_size:
             raise UserError(
                 f"only {len(self.records)} PPO prompts for --rollout-batch-size {self.batch_size}: "
-                "lower it or add data (--max-records, --dataset)"
+                "lower it, raise --max-records if you set it, or use a dataset with more prompts"
             )
 
     def indices(self, step: int) -> list[int]:

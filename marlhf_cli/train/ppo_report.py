@@ -7,6 +7,7 @@ resumed run's table covers its whole history.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -70,10 +71,41 @@ def print_final_table(name: str, history: list[dict], metrics: dict) -> None:
     Console(highlight=False).print(_table(f"ppo '{name}': final evaluation", [summary_row(name, history)]))
 
 
+_DERIVED_NAME = re.compile(
+    r"(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code)"
+    r"(?:-(?P<value>unit|position|first))?(?P<macro>-macro-ratio)?"
+)
+
+
+def options_for(name: str) -> str | None:
+    """The flags whose run 'marlhf ppo' names ``name`` by itself (the inverse of
+    ppo.run_name: 'vanilla' -> '--termination fixed --n 1'), or None for a custom name."""
+    match = _DERIVED_NAME.fullmatch(name)
+    if match is None:
+        return None
+    rule = match["rule"]
+    if rule == "vanilla":
+        flags = ["--termination fixed --n 1"]
+    elif match["n"]:
+        flags = [f"--termination fixed --n {'inf' if match['n'] == '-inf' else match['n']}"]
+    else:
+        flags = [f"--termination {rule}"]
+    if match["value"]:
+        flags.append(f"--value-function {match['value']}")
+    if match["macro"]:
+        flags.append("--ratio macro")
+    return " ".join(flags)
+
+
 def read_run(run_dir: RunDir, name: str) -> list[dict]:
     path = run_dir.metrics_path(f"ppo-{name}")
     if not path.is_file():
-        raise UserError(f"{path} is missing: run 'marlhf ppo --name {name} --run-dir {run_dir.root}' first")
+        flags = options_for(name)
+        command = (
+            f"'marlhf ppo {flags} --run-dir {run_dir.root}'" if flags
+            else f"'marlhf ppo --name {name} --run-dir {run_dir.root}' with that run's options"
+        )  # fmt: skip
+        raise UserError(f"{path} is missing: run {command} first")
     return artifacts.read_jsonl(path)
 
 

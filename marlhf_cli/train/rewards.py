@@ -8,7 +8,7 @@ The PPO stage only needs "one number per response". A :class:`RewardFn` gets a
   last real response token and normalised with the score mean/std the RM stage stored;
 * :class:`TokenFractionReward`: a synthetic, instantly computed reward (the fraction of
   response tokens in a chosen set) that a tiny model can learn on a CPU, for tests and demos;
-* a program-synthesis reward (APPS, ma-ppo.md §6) that runs the response against the
+* a program-synthesis reward (APPS, docs/method.md "Program rewards") that runs the response against the
   record's tests: it needs only ``batch.responses`` and ``batch.records``.
 
 The stage clips the score and places it at the last real token; reward functions just score.

@@ -7,7 +7,7 @@ accumulates their gradients and steps the optimizer once per minibatch (DeepSpee
 when ``gradient_accumulation_steps`` = micro-batches per minibatch, scaling each loss by
 1/steps itself). Gradient clipping is the engine's (``max_grad_norm``).
 
-Losses are the macro ones (ma-ppo.md §5): every token carries its segment's advantage and
+Losses are the macro ones (docs/method.md "Losses"): every token carries its segment's advantage and
 return; ``ratio="macro"`` uses one ratio per segment. Each micro-batch's loss is a mean over
 its own real tokens (with one micro-batch per minibatch: over the minibatch's tokens).
 

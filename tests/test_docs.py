@@ -1,0 +1,90 @@
+"""The documentation tells the truth: README's console examples print what they show, and
+every citation of the method names a section of docs/method.md."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+METHOD = ROOT / "docs" / "method.md"
+
+
+def console_examples(text: str) -> list[list[tuple[str, str]]]:
+    """Each ```console block as [(command, the output shown under it)]."""
+    blocks = []
+    for body in re.findall(r"```console\n(.*?)```", text, re.S):
+        steps: list[tuple[str, list[str]]] = []
+        for line in body.splitlines():
+            if line.startswith("$ "):
+                steps.append((line[2:], []))
+            else:
+                assert steps, f"output before any command in a README console block: {line!r}"
+                steps[-1][1].append(line)
+        blocks.append([(command, "\n".join(lines)) for command, lines in steps])
+    return blocks
+
+
+EXAMPLES = console_examples(README.read_text(encoding="utf-8"))
+
+
+def test_readme_has_console_examples():
+    assert EXAMPLES and all(EXAMPLES)
+    assert any(command.startswith("marlhf segment") for block in EXAMPLES for command, _ in block)
+
+
+@pytest.mark.parametrize("block", EXAMPLES, ids=[f"block{i}" for i in range(len(EXAMPLES))])
+def test_readme_console_example_prints_what_it_shows(block, tmp_path):
+    """Run each command of the block in order, in one shell, and compare its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "100"}
+    prelude = f'marlhf() {{ "{sys.executable}" -m marlhf_cli.cli "$@"; }}\n'
+    for command, shown in block:
+        result = subprocess.run(
+            ["bash", "-c", prelude + command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, f"$ {command}\n{result.stderr[-2000:]}"
+        assert result.stdout.rstrip() == shown.rstrip(), f"$ {command}"
+
+
+def _headings() -> set[str]:
+    return set(re.findall(r"^## (.+)$", METHOD.read_text(encoding="utf-8"), re.M))
+
+
+def _sources() -> list[Path]:
+    files = [README, ROOT / "docs" / "architecture.md"]
+    for folder in ("marlhf_cli", "tests", "benchmarks"):
+        files += sorted(p for p in (ROOT / folder).rglob("*.py") if p.name != "test_docs.py")
+    return files
+
+
+def test_method_citations_name_sections_of_docs_method():
+    headings = _headings()
+    assert {"Rollout quantities", "Termination rules", "Segment GAE", "Losses", "Program rewards"} <= headings
+    cited = 0
+    for path in _sources():
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"docs/method\.md((?:(?:,| and)? ?[\"'][^\"'\n]+[\"'])+)", text):
+            for name in re.findall(r"[\"']([^\"'\n]+)[\"']", match.group(1)):
+                assert name in headings, f"{path.relative_to(ROOT)} cites docs/method.md '{name}', which has no such section"
+                cited += 1
+    assert cited >= 20
+
+
+def test_nothing_cites_a_document_the_repository_lacks():
+    for path in _sources():
+        assert "ma-ppo.md" not in path.read_text(encoding="utf-8"), path.relative_to(ROOT)
+
+
+def test_help_texts_cite_the_method_document():
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    out = CliRunner().invoke(app, ["ppo", "--help"], env={"COLUMNS": "200"}).output
+    assert "docs/method.md, 'Program rewards'" in " ".join(out.split())

@@ -1,0 +1,37 @@
+"""A finished stage keeps its model, not the means to resume it: small run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from _toy_prefs import write_toy_preferences
+from marlhf_cli import checkpoints
+from marlhf_cli.cli import app
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_finished_stage_keeps_only_the_trainer_state_of_its_checkpoints(tmp_path):
+    data = write_toy_preferences(tmp_path / "prefs.jsonl")
+    run_dir = tmp_path / "run"
+    args = ["sft", "--model", "tiny", "--dataset", str(data), "--run-dir", str(run_dir),
+            "--max-steps", "3", "--save-every", "1", "--eval-records", "0", "--batch-size", "2",
+            "--max-prompt-length", "16", "--max-response-length", "8"]  # fmt: skip
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    kept = checkpoints.list_checkpoints(run_dir / "sft" / "checkpoints")
+    assert [p.name for p in kept] == ["step-000002"]  # the last one saved before the final step
+    assert sorted(p.name for p in kept[0].iterdir()) == [checkpoints.STATE_FILE]
+    assert checkpoints.read_state(kept[0])["finished"] is True
+    assert _size(run_dir / "sft" / "checkpoints") < 4096 < _size(run_dir / "sft")  # the exported model stays
+
+    again = CliRunner().invoke(app, [*args, "--resume"])
+    assert again.exit_code == 2
+    assert "finished" in again.output and "without --resume" in again.output
+    assert len(again.output.strip().splitlines()) == 1
+    changed = CliRunner().invoke(app, [*args, "--batch-size", "4", "--resume"])
+    assert changed.exit_code == 2 and "batch_size=2" in changed.output  # options are still compared
