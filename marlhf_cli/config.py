@@ -285,6 +285,7 @@ DTYPES = ("fp32", "bf16")
 SCHEDULES = ("cosine", "linear")
 JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
 REWARDS = ("model", "apps")
+ADVANTAGES = ("gae", "rloo", "grpo")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -391,6 +392,8 @@ ACCEPTS: dict[str, Accepts] = {
     "nproc": POSITIVE,
     "trainable_layers": at_least(0),
     "reward": one_of(*REWARDS),
+    "advantage": one_of(*ADVANTAGES),
+    "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage
     "rollout_batch_size": POSITIVE,
     "mini_batch_size": POSITIVE,
     "ppo_epochs": POSITIVE,

@@ -207,7 +207,7 @@ def _pieces(text: str, offsets: list[tuple[int, int]], lengths: list[int]) -> li
 
 def lengths_without_whitespace(text: str, offsets: list[tuple[int, int]], lengths: list[int]) -> list[int]:
     """Each segment's length once the whitespace-only (or empty) tokens at its ends are set
-    aside: the length the parsing rule's bound C applies to (ma-ppo.md §3)."""
+    aside: the length the parsing rule's bound C applies to (docs/method.md "Termination rules")."""
     blank = [not text[start:end].strip() for start, end in offsets]
     result, first = [], 0
     for length in lengths:

@@ -30,6 +30,19 @@ def test_the_hint_for_a_derived_name_makes_a_run_of_that_name(termination, n, va
     assert ppo.run_name(config.resolve("ppo", flags=_flags(flags))) == name
 
 
+@pytest.mark.parametrize(
+    "advantage, k, ratio, termination",
+    list(itertools.product(("gae", "rloo", "grpo"), ("1", "2", "4"), config.RATIO_MODES, ("fixed", "ppl"))),
+)
+def test_the_hint_round_trips_advantage_and_samples_per_prompt(advantage, k, ratio, termination):
+    if advantage != "gae" and k == "1":
+        return  # a group needs two responses
+    name = ppo.run_name(config.resolve("ppo", flags=dict(advantage=advantage, samples_per_prompt=k, ratio=ratio, termination=termination)))
+    flags = ppo_report.options_for(name)
+    assert flags is not None
+    assert ppo.run_name(config.resolve("ppo", flags=_flags(flags))) == name
+
+
 def test_compare_hint_for_vanilla_runs_vanilla_ppo(tmp_path):
     result = CliRunner().invoke(app, ["ppo", "--compare", "vanilla", "--run-dir", str(tmp_path)])
     assert result.exit_code == 2

@@ -37,6 +37,7 @@ BAD_TEXT = {
     "--ratio": "nonsense",
     "--kl-estimator": "k2",
     "--reward": "nonsense",
+    "--advantage": "ppo",
     "--dtype": "fp16",
     "--lr-scheduler": "step",
     "--task": "nonsense",
@@ -139,7 +140,7 @@ def test_bad_value_imports_no_torch():
 def test_choices_match_the_modules_that_use_them():
     """config.py cannot import these modules (torch); the lists must not drift apart."""
     from marlhf_cli.evaluate.prompts import TASKS
-    from marlhf_cli.macro import RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
+    from marlhf_cli.macro import ADVANTAGE_ESTIMATORS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
     from marlhf_cli.macro.parsing import BACKENDS as PARSING_BACKENDS
     from marlhf_cli.macro.segmentation import BACKENDS
     from marlhf_cli.train.ppo import REWARDS
@@ -149,6 +150,7 @@ def test_choices_match_the_modules_that_use_them():
     assert config.PARSER_BACKENDS == BACKENDS == PARSING_BACKENDS
     assert config.JUDGE_TASKS == ("auto", *TASKS)
     assert config.REWARDS == REWARDS
+    assert config.ADVANTAGES == ADVANTAGE_ESTIMATORS
 
 
 def test_configs_in_code_are_checked_too():

@@ -1,5 +1,5 @@
 """A missing parser is an error at start-up, never a silent fall back to ``fixed`` (issue 15,
-ma-ppo.md §3).
+docs/method.md "Termination rules").
 
 The packages are hidden the way an environment without them behaves: an import finder put
 first on ``sys.meta_path`` answers ``ModuleNotFoundError`` for them, and the real code runs

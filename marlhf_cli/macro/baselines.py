@@ -6,7 +6,7 @@ same advantage A_i: credit is assigned to the response as a whole (one segment p
 response, like MA-PPO with n = inf, but with a group baseline instead of a value).
 
 Layout: a batch of B = G * K responses holds its groups as consecutive rows, rows
-[g*K, (g+1)*K) answering prompt g. Formulas (docs/method.md, "Critic-free baselines"):
+[g*K, (g+1)*K) answering prompt g. Formulas: docs/method.md "Critic-free baselines (RLOO, GRPO)".
 
 * RLOO (Ahmadian et al., 2024): the sequence reward R_i = score_i - beta * sum_t KL_t (the
   per-token rewards summed, KL penalty included); A_i = R_i - mean_{j != i} R_j, which equals

@@ -313,7 +313,7 @@ def missing_parser(rule: TerminationRule) -> str | None:
 
     Only ``parsing`` needs a package beyond torch. The commands call this at start-up, before
     loading any model: a run labelled "parsing" must never be ``fixed`` in disguise
-    (ma-ppo.md §3). It imports the parser package but loads no parser model.
+    (docs/method.md "Termination rules"). It imports the parser package but loads no parser model.
     """
     if rule.name != "parsing":
         return None

@@ -72,8 +72,8 @@ def print_final_table(name: str, history: list[dict], metrics: dict) -> None:
 
 
 _DERIVED_NAME = re.compile(
-    r"(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code)"
-    r"(?:-(?P<value>unit|position|first))?(?P<macro>-macro-ratio)?"
+    r"(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|rloo|grpo)"
+    r"(?:-(?P<value>unit|position|first))?(?P<macro>-macro-ratio)?(?:-k(?P<k>\d+))?"
 )
 
 
@@ -84,7 +84,9 @@ def options_for(name: str) -> str | None:
     if match is None:
         return None
     rule = match["rule"]
-    if rule == "vanilla":
+    if rule in ("rloo", "grpo"):
+        flags = [f"--advantage {rule}"]
+    elif rule == "vanilla":
         flags = ["--termination fixed --n 1"]
     elif match["n"]:
         flags = [f"--termination fixed --n {'inf' if match['n'] == '-inf' else match['n']}"]
@@ -94,6 +96,8 @@ def options_for(name: str) -> str | None:
         flags.append(f"--value-function {match['value']}")
     if match["macro"]:
         flags.append("--ratio macro")
+    if match["k"]:
+        flags.append(f"--samples-per-prompt {match['k']}")
     return " ".join(flags)
 
 
