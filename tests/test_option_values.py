@@ -53,7 +53,7 @@ OUT_OF_RANGE = [
     ("ppo", "--top-p", "1.5"), ("ppo", "--gamma", "2"), ("ppo", "--lam", "1.01"),
     ("ppo", "--n", "-3"), ("sft", "--warmup-ratio", "1"), ("sft", "--zero-stage", "4"),
     ("bon", "--n", "4,-8"), ("bon", "--temperature", "0.5,0"), ("bon", "--top-p", "0"),
-    ("passk", "--n", "0"), ("judge", "--timeout", "0"), ("rm", "--lr", "0"),
+    ("passk", "--n", "0"), ("judge", "--timeout", "0"),
 ]  # fmt: skip
 # Values click rejects before the config sees them: one line too.
 NOT_A_NUMBER = [("segment", "--seed", "abc"), ("sft", "--batch-size", "1.5"), ("judge", "--sample", "x")]
