@@ -186,18 +186,24 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_result(tmp_path, toy_pref
     assert manifest["status"] == "finished" and manifest["metrics"]["resumed_from_step"] >= 2
 
 
-def test_resume_with_changed_options_is_refused_naming_each(tmp_path, toy_preferences):
+def test_resume_with_changed_options_is_refused_naming_each(tmp_path, toy_preferences, monkeypatch):
     """`--resume --lr 2e-3` used to continue with the checkpoint's rate, no word said."""
     from typer.testing import CliRunner
 
+    from marlhf_cli import checkpoints
     from marlhf_cli.cli import app
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed before the export")  # an unfinished run: its checkpoints stay resumable
 
     run_dir = tmp_path / "run"
     args = ["sft", "--model", "tiny", "--dataset", str(toy_preferences), "--run-dir", str(run_dir),
             "--max-steps", "3", "--save-every", "1", "--eval-records", "0",
             "--max-prompt-length", "16", "--max-response-length", "8"]  # fmt: skip
-    first = CliRunner().invoke(app, [*args, "--batch-size", "2", "--lr", "1e-3"])
-    assert first.exit_code == 0, first.output
+    with monkeypatch.context() as patched:
+        patched.setattr(checkpoints, "export_pretrained", crash)
+        first = CliRunner().invoke(app, [*args, "--batch-size", "2", "--lr", "1e-3"])
+    assert first.exit_code != 0 and isinstance(first.exception, RuntimeError)
     again = CliRunner().invoke(app, [*args, "--batch-size", "4", "--lr", "2e-3", "--resume"], env={"COLUMNS": "400"})
     assert again.exit_code == 2
     message = again.output.strip()
