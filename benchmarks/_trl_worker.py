@@ -71,7 +71,17 @@ def main() -> None:
             events.append(("update", time.perf_counter()))  # the first training forward of the step
         return forward(model, *a, **k)
 
+    truncate = trl_ppo.truncate_response
+    real_tokens: list[int] = []  # per rollout chunk: tokens up to and including the first stop token
+
+    def counted_truncate(stop_token_id, pad_token_id, responses):
+        stops = responses == stop_token_id
+        first = torch.where(stops.any(1), stops.int().argmax(1) + 1, torch.full_like(stops[:, 0], responses.shape[1], dtype=torch.long))
+        real_tokens.append(int(first.sum()))
+        return truncate(stop_token_id, pad_token_id, responses)
+
     trl_ppo.batch_generation = timed_generation
+    trl_ppo.truncate_response = counted_truncate
     trl_ppo.forward = marked_forward
 
     transformers.utils.logging.set_verbosity_error()
@@ -127,7 +137,7 @@ def main() -> None:
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
         "step_times": steps,
-        "tokens_per_step": args.batch * args.new_tokens,
+        "tokens_per_step": real_tokens,  # one rollout chunk per step (local_rollout_forward_batch_size = batch)
         "eos_tokens": eos,
         "gc": args.gc,
         "phases": phase_times(events, gc_spans, marks),

@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 2 warm-up steps)")
     parser.add_argument("--top", type=int, default=25, help="operators listed")
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--model", default=None, help="real weights (e.g. smollm2-135m) instead of a random-init Llama")
     parser.add_argument("--hidden", type=int, default=None, help="model width (default: the tiny alias, 64)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the tiny alias, 2)")
     H.add_device_args(parser)

@@ -56,9 +56,16 @@ def prepare(work: Path, args) -> dict:
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
     from marlhf_cli.models import TINY_SEED, load_tokenizer, tiny_config
-    from marlhf_cli.train.encode import encode_prompt
 
     tokenizer = load_tokenizer("tiny", padding_side="left")
+    if args.model:  # real weights: the policy as is, the reward model with a fresh scalar head
+        from marlhf_cli.models import load_causal_lm, load_reward_model
+
+        for name, model in (("policy", load_causal_lm(args.model)), ("reward", load_reward_model(args.model))):
+            model.save_pretrained(work / name)
+            tokenizer.save_pretrained(work / name)
+        params = sum(p.numel() for p in load_causal_lm(args.model).parameters())
+        return write_prompts(work, args, tokenizer, params)
     overrides = {}
     if args.hidden:
         overrides.update(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
@@ -71,6 +78,13 @@ def prepare(work: Path, args) -> dict:
         model.save_pretrained(work / name)
         tokenizer.save_pretrained(work / name)
     params = sum(p.numel() for p in LlamaForCausalLM(tiny_config(tokenizer, **overrides)).parameters())
+    return write_prompts(work, args, tokenizer, params)
+
+
+def write_prompts(work: Path, args, tokenizer, params: int) -> dict:
+    """HH-RLHF prompts as text (marlhf's dataset) and as ids (TRL's), cut the same way."""
+    from marlhf_cli.train.encode import encode_prompt
+
     rows = [json.loads(line) for line in H.HH_HELPFUL.read_text(encoding="utf-8").splitlines()] if H.HH_HELPFUL.is_file() else []
     prompts = []
     for row in rows:
@@ -160,6 +174,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, alternating")
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--model", default=None, help="real weights for policy, reference, value and reward base "
+                        "(e.g. smollm2-135m; same tokenizer); default: a random-init Llama of --hidden/--layers")
     parser.add_argument("--hidden", type=int, default=None, help="model width (default: the tiny alias, 64)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the tiny alias, 2)")
     parser.add_argument("--marlhf-dtype", choices=("fp32", "bf16"), default=None,
@@ -180,7 +196,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-"))
     info = prepare(work, args)
     tools = TOOLS[:2] if args.no_shipped else TOOLS
-    print(f"# random-init Llama, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
+    print(f"# {args.model or 'random-init Llama'}, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
           f"batch {SETTINGS['batch']}, {SETTINGS['new_tokens']} new tokens, prompts of {args.prompt_tokens} tokens, "
           f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; "
           f"marlhf {args.marlhf_dtype or args.dtype}, TRL {args.dtype}; work dir {work}")  # fmt: skip

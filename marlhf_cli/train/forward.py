@@ -122,7 +122,8 @@ def policy_forward(
 
 @contextlib.contextmanager
 def head_divides_by(model, temperature: float):
-    """Within the block, the LM head's *input* is divided by ``temperature``; yields whether.
+    """Within the block, the LM head's *input* is divided by ``temperature``; yields whether
+    the logits come out divided (trivially so at ``temperature`` 1).
 
     ``head(h / T) = head(h) / T`` for a bias-free linear head, but h has the model's width
     and the logits the vocabulary's: with a 49k vocabulary the division (and its backward)

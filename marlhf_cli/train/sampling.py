@@ -51,7 +51,7 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
     it. Summed in float64, so it is the categorical draw up to ~1e-12 of probability mass;
     a token of probability 0 is never drawn. One random number per row, not one per
     vocabulary entry: ~7x faster than an exponential race and ~7x faster than
-    ``torch.multinomial`` over a 50k vocabulary on a CPU, where it was a third of sampling."""
+    ``torch.multinomial`` over a 50k vocabulary on a CPU, where the race was half of sampling."""
     cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
     point = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device) * cumulative[:, -1:]
     return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
