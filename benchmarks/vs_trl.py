@@ -3,6 +3,7 @@
     python3 -m venv benchmarks/.venv-trl \\
       && benchmarks/.venv-trl/bin/pip install torch==2.13.0 && benchmarks/.venv-trl/bin/pip install trl==1.12.0
     python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--threads 1] [--device cpu|cuda] [--dtype fp32|bf16]
+                                [--hidden 256 --layers 4 | --model smollm2-135m] [--marlhf-dtype bf16] [--no-shipped]
 
 TRL removed PPO in 1.13, so TRL runs from its own virtualenv (``--trl-python``, default
 ``benchmarks/.venv-trl/bin/python``; torch first, so pip keeps the CPU build). This script
@@ -13,13 +14,16 @@ runs, alternately, ``rounds`` times each, a fresh marlhf process (``ppo.run``, v
 ``--termination fixed --n 1``) and a fresh TRL process (``_trl_worker.py``) on them:
 batch 8, one PPO epoch, one minibatch, 64 new tokens at temperature 0.8 with no top-k/top-p
 (TRL's sampler has none), stop at EOS, KL 0.05 (k1), clip 0.2, lr 1.5e-5, fp32 on a CPU.
+``--model smollm2-135m`` uses real weights instead: the policy as is, the reward model (and
+so both critics) the same backbone with a new scalar head.
 
 Each round runs three fresh processes (order reversed every other round): marlhf, TRL with
 ``gc.collect()`` made a no-op in its process ("trl-core": TRL calls it twice per step, work
 that is not PPO's and that a user removes the same way), and TRL as shipped ("trl-shipped",
 skipped with ``--no-shipped``). Step time is wall clock between consecutive steps (each
 tool's logging included); the first ``--warmup`` steps of each run are dropped. Tokens per
-second = generated response tokens per step / median step time. Each tool's step is broken
+second = real response tokens per step (up to and including EOS, for both tools) / median
+step time. Each tool's step is broken
 into generation, scoring forwards (+ credit: GAE), update, gc and other (marlhf: its own
 per-step timings; TRL: see ``_trl_worker.py``). The headline is marlhf over trl-core, with
 the ratio of every round (each round's marlhf run against the same round's TRL run); marlhf

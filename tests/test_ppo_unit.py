@@ -142,6 +142,19 @@ def test_rollout_places_score_at_last_real_token_and_kl_is_zero_for_identical_mo
     ]
 
 
+def test_a_bf16_rollout_computes_old_log_probs_with_a_forward_not_from_sampling(models):
+    """In bf16 the sampling pass's log-probs are ~0.06 off the full forward's: there the old
+    log-probs come from a forward like the reference's, so identical models agree exactly."""
+    torch.manual_seed(0)
+    actor = copy.deepcopy(models["actor"]).to(torch.bfloat16)
+    reference = copy.deepcopy(models["actor"]).to(torch.bfloat16)
+    settings = RolloutSettings(max_new_tokens=8, max_prompt_length=16, top_k=0)
+    exp = make_experience(
+        actor, reference, None, LastTokenReward(), models["tokenizer"], ["one prompt", "and another one"], [{}, {}], settings
+    )  # fmt: skip
+    assert torch.equal(exp.old_logp, exp.ref_logp) and (exp.old_logp != 0).any()
+
+
 def test_rollout_with_a_forced_eos_places_the_score_on_it(models):
     """A model that always says EOS after the first token: mask [1, 1, 0, ...] and reward at 1."""
     torch.manual_seed(0)

@@ -4,9 +4,10 @@ For a batch of prompts this samples responses with the actor and computes, per r
 token a_t (t = 0 .. T-1):
 
 * ``old_logp[t]`` / ``ref_logp[t]``: log pi(a_t) under the sampling actor and the frozen
-  reference, from ``logits / temperature`` (the transform sampling used). ``old_logp`` is
-  taken from the sampling pass (no separate actor forward): the log-softmax of the very
-  logits the token was drawn from, *before* top-k/top-p filtering. So old, reference and
+  reference, from ``logits / temperature`` (the transform sampling used). With an fp32
+  actor ``old_logp`` is taken from the sampling pass (no separate actor forward): the
+  log-softmax of the very logits the token was drawn from, *before* top-k/top-p filtering
+  (in bf16/fp16 a forward computes it, see :func:`make_experience`). So old, reference and
   training log-probs are all of the unfiltered temperature distribution (filtering only
   narrows what can be drawn), the first update's ratio is 1 up to float rounding, and the
   KL compares the two models' unfiltered distributions;
@@ -31,7 +32,7 @@ import torch
 
 from ..macro import kl_per_token
 from .encode import encode_prompt
-from .forward import critic_values, policy_forward, resident
+from .forward import critic_values, policy_forward, resident, unwrap
 from .rewards import RewardFn, ScoringBatch
 from .sampling import SamplingParams, response_mask, sample
 
@@ -190,6 +191,11 @@ def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response
     )
 
 
+def _parameter_dtype(model) -> torch.dtype | None:
+    parameter = next(iter(unwrap(model).parameters()), None)
+    return None if parameter is None else parameter.dtype
+
+
 @torch.no_grad()
 def make_experience(
     actor,
@@ -213,10 +219,15 @@ def make_experience(
     responses exist, before the scoring forwards (PPO starts the parser there).
     """
     started = time.perf_counter()
-    # the old log-probs come from the sampling pass itself (sample(with_logprobs=True)): the
-    # same logits / T a separate actor forward over [prompt | response] would compute
+    sampling_model = sampler if sampler is not None else actor
+    # fp32: the old log-probs come from the sampling pass itself (sample(with_logprobs=True)),
+    # the same logits / T a separate actor forward over [prompt | response] computes, to
+    # ~1e-5. In bf16/fp16 the KV-cached steps and the full pass differ by ~0.06 in log-prob
+    # (0.26 at worst, SmolLM2-135M in bf16), enough to clip the first update's ratio, so
+    # there the old log-probs come from a forward shaped like the training one, as before.
+    from_sampling = _parameter_dtype(sampling_model) == torch.float32
     prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = _generate(
-        sampler if sampler is not None else actor, tokenizer, prompts, settings, device=device, with_logprobs=True
+        sampling_model, tokenizer, prompts, settings, device=device, with_logprobs=from_sampling
     )
     generated = time.perf_counter()
     if on_sampled is not None:
@@ -229,6 +240,8 @@ def make_experience(
     def logp_of(model):
         return _batched(lambda s: policy_forward(model, seq[s], att[s], plen, temperature)[0], size, chunk)
 
+    if old_logp is None:
+        old_logp = logp_of(actor)
     with resident(reference, device, settings.offload_frozen):
         ref_logp = logp_of(reference)
     if critic is not None:
