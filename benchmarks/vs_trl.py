@@ -3,6 +3,7 @@
     python3 -m venv benchmarks/.venv-trl \\
       && benchmarks/.venv-trl/bin/pip install torch==2.13.0 && benchmarks/.venv-trl/bin/pip install trl==1.12.0
     python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--threads 1] [--device cpu|cuda] [--dtype fp32|bf16]
+                                [--hidden 256 --layers 4 | --model smollm2-135m] [--marlhf-dtype bf16] [--no-shipped]
 
 TRL removed PPO in 1.13, so TRL runs from its own virtualenv (``--trl-python``, default
 ``benchmarks/.venv-trl/bin/python``; torch first, so pip keeps the CPU build). This script
@@ -13,16 +14,26 @@ runs, alternately, ``rounds`` times each, a fresh marlhf process (``ppo.run``, v
 ``--termination fixed --n 1``) and a fresh TRL process (``_trl_worker.py``) on them:
 batch 8, one PPO epoch, one minibatch, 64 new tokens at temperature 0.8 with no top-k/top-p
 (TRL's sampler has none), stop at EOS, KL 0.05 (k1), clip 0.2, lr 1.5e-5, fp32 on a CPU.
+``--model smollm2-135m`` uses real weights instead: the policy as is, the reward model (and
+so both critics) the same backbone with a new scalar head.
 
-Step time is wall clock between consecutive steps (each tool's logging and, for TRL, its two
-``gc.collect()`` per step included); the first ``--warmup`` steps of each run are dropped.
-Tokens per second = generated response tokens per step / median step time. The last line is
-the headline: marlhf tokens/s over TRL tokens/s.
+Each round runs three fresh processes (order reversed every other round): marlhf, TRL with
+``gc.collect()`` made a no-op in its process ("trl-core": TRL calls it twice per step, work
+that is not PPO's and that a user removes the same way), and TRL as shipped ("trl-shipped",
+skipped with ``--no-shipped``). Step time is wall clock between consecutive steps (each
+tool's logging included); the first ``--warmup`` steps of each run are dropped. Tokens per
+second = real response tokens per step (up to and including EOS, for both tools) / median
+step time. Each tool's step is broken
+into generation, scoring forwards (+ credit: GAE), update, gc and other (marlhf: its own
+per-step timings; TRL: see ``_trl_worker.py``). The headline is marlhf over trl-core, with
+the ratio of every round (each round's marlhf run against the same round's TRL run); marlhf
+over trl-shipped is reported too, labelled. ``--marlhf-dtype bf16`` runs marlhf in bf16
+against TRL in ``--dtype``.
 
-Differences that stay (each tool's design): TRL keeps the sampling logits (no separate old
-log-prob forward) and trains policy and value with one optimizer and one backward; marlhf
-re-computes old log-probs, trains actor and critic as two DeepSpeed engines, and samples
-with its own KV-cached loop.
+Differences that stay (each tool's design): TRL samples with ``model.generate`` and trains
+policy and value with one optimizer and one backward; marlhf samples with its own KV-cached
+loop and trains actor and critic as two DeepSpeed engines. Both take the old log-probs from
+the sampling pass.
 """
 
 from __future__ import annotations
@@ -49,9 +60,16 @@ def prepare(work: Path, args) -> dict:
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
     from marlhf_cli.models import TINY_SEED, load_tokenizer, tiny_config
-    from marlhf_cli.train.encode import encode_prompt
 
     tokenizer = load_tokenizer("tiny", padding_side="left")
+    if args.model:  # real weights: the policy as is, the reward model with a fresh scalar head
+        from marlhf_cli.models import load_causal_lm, load_reward_model
+
+        for name, model in (("policy", load_causal_lm(args.model)), ("reward", load_reward_model(args.model))):
+            model.save_pretrained(work / name)
+            tokenizer.save_pretrained(work / name)
+        params = sum(p.numel() for p in load_causal_lm(args.model).parameters())
+        return write_prompts(work, args, tokenizer, params)
     overrides = {}
     if args.hidden:
         overrides.update(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
@@ -64,6 +82,13 @@ def prepare(work: Path, args) -> dict:
         model.save_pretrained(work / name)
         tokenizer.save_pretrained(work / name)
     params = sum(p.numel() for p in LlamaForCausalLM(tiny_config(tokenizer, **overrides)).parameters())
+    return write_prompts(work, args, tokenizer, params)
+
+
+def write_prompts(work: Path, args, tokenizer, params: int) -> dict:
+    """HH-RLHF prompts as text (marlhf's dataset) and as ids (TRL's), cut the same way."""
+    from marlhf_cli.train.encode import encode_prompt
+
     rows = [json.loads(line) for line in H.HH_HELPFUL.read_text(encoding="utf-8").splitlines()] if H.HH_HELPFUL.is_file() else []
     prompts = []
     for row in rows:
@@ -79,21 +104,26 @@ def prepare(work: Path, args) -> dict:
     return {"params": params, "prompts": len(prompts)}
 
 
+def marlhf_config(work: Path, args, *, steps: int):
+    """The stage's config for the comparison: vanilla PPO with the settings above."""
+    return H.ppo_config(
+        work / f"marlhf-run-{time.time_ns()}", policy=str(work / "policy"), reward_model=str(work / "reward"),
+        dataset=str(work / "prompts.jsonl"),
+        termination="fixed", n=1, rollout_batch_size=SETTINGS["batch"], mini_batch_size=SETTINGS["batch"], ppo_epochs=1,
+        max_new_tokens=SETTINGS["new_tokens"], max_prompt_length=args.prompt_tokens, temperature=SETTINGS["temperature"],
+        top_k=0, top_p=1.0, kl_coef=0.05, kl_estimator="k1", clip_range=0.2, value_clip_range=0.2,
+        actor_lr=1.5e-5, critic_lr=1.5e-5, dtype=args.dtype, max_steps=steps,
+        eval_every=0, eval_prompts=0, save_every=0, seed=0,
+    )  # fmt: skip
+
+
 def marlhf_worker(args) -> None:
     """One marlhf process: vanilla PPO with the settings above; per-step wall times to --out."""
     H.apply_device_args(args)
     from marlhf_cli.train import ppo
 
-    work = Path(args.work)
-    run_dir = work / f"marlhf-run-{time.time_ns()}"
-    config = H.ppo_config(
-        run_dir, policy=str(work / "policy"), reward_model=str(work / "reward"), dataset=str(work / "prompts.jsonl"),
-        termination="fixed", n=1, rollout_batch_size=SETTINGS["batch"], mini_batch_size=SETTINGS["batch"], ppo_epochs=1,
-        max_new_tokens=SETTINGS["new_tokens"], max_prompt_length=args.prompt_tokens, temperature=SETTINGS["temperature"],
-        top_k=0, top_p=1.0, kl_coef=0.05, kl_estimator="k1", clip_range=0.2, value_clip_range=0.2,
-        actor_lr=1.5e-5, critic_lr=1.5e-5, dtype=args.dtype, max_steps=args.steps,
-        eval_every=0, eval_prompts=0, save_every=0, seed=0,
-    )  # fmt: skip
+    config = marlhf_config(Path(args.work), args, steps=args.steps)
+    run_dir = config.run_dir
     ppo.run(config)
     import torch
 
@@ -111,19 +141,23 @@ def marlhf_worker(args) -> None:
     Path(args.out).write_text(json.dumps(result))
 
 
+TOOLS = ("marlhf", "trl-core", "trl-shipped")
+PHASES = ("generation_time", "scoring_time", "credit_time", "training_time", "gc_time", "other_time")
+
+
 def run_tool(tool: str, work: Path, args, index: int) -> dict:
     out = work / f"{tool}-{index}.json"
     log = work / f"{tool}-{index}.log"
-    common = ["--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
-              "--dtype", args.dtype, "--out", str(out)]  # fmt: skip
+    common = ["--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device, "--out", str(out)]
     if tool == "marlhf":
-        command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work),
+        command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work), "--dtype", args.marlhf_dtype or args.dtype,
                    "--prompt-tokens", str(args.prompt_tokens), *common]  # fmt: skip
     else:
         command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
-                   "--batch", str(SETTINGS["batch"]), "--new-tokens", str(SETTINGS["new_tokens"]),
-                   "--temperature", str(SETTINGS["temperature"]), *common]  # fmt: skip
+                   "--batch", str(SETTINGS["batch"]), "--new-tokens", str(SETTINGS["new_tokens"]), "--dtype", args.dtype,
+                   "--temperature", str(SETTINGS["temperature"]), "--gc", "noop" if tool == "trl-core" else "shipped",
+                   *common]  # fmt: skip
     started = time.perf_counter()
     with open(log, "w", encoding="utf-8") as handle:
         code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=H.child_env(args.threads)).returncode
@@ -132,6 +166,9 @@ def run_tool(tool: str, work: Path, args, index: int) -> dict:
         sys.exit(f"{tool} run failed (exit {code}); last lines of {log}:\n{tail}")
     result = json.loads(out.read_text())
     result["process_seconds"] = time.perf_counter() - started
+    if tool == "marlhf":  # what the step's wall time holds besides the four phases (logging, metrics)
+        timed = zip(*(result["phases"][k] for k in PHASES[:4]))
+        result["phases"]["other_time"] = [t - sum(p) for t, p in zip(result["step_times"], timed)]
     return result
 
 
@@ -141,8 +178,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, alternating")
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--model", default=None, help="real weights for policy, reference, value and reward base "
+                        "(e.g. smollm2-135m; same tokenizer); default: a random-init Llama of --hidden/--layers")
     parser.add_argument("--hidden", type=int, default=None, help="model width (default: the tiny alias, 64)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the tiny alias, 2)")
+    parser.add_argument("--marlhf-dtype", choices=("fp32", "bf16"), default=None,
+                        help="marlhf's dtype when it differs from TRL's (--dtype), e.g. marlhf bf16 against TRL fp32")
+    parser.add_argument("--no-shipped", action="store_true", help="skip the runs of TRL as shipped (gc.collect on)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON)
     parser.add_argument("--marlhf-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -157,38 +199,63 @@ def main() -> None:
     print(H.machine_line(args))
     work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-"))
     info = prepare(work, args)
-    print(f"# random-init Llama, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
+    tools = TOOLS[:2] if args.no_shipped else TOOLS
+    print(f"# {args.model or 'random-init Llama'}, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
           f"batch {SETTINGS['batch']}, {SETTINGS['new_tokens']} new tokens, prompts of {args.prompt_tokens} tokens, "
-          f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; work dir {work}")  # fmt: skip
-    results: dict[str, list[dict]] = {"marlhf": [], "trl": []}
+          f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; "
+          f"marlhf {args.marlhf_dtype or args.dtype}, TRL {args.dtype}; work dir {work}")  # fmt: skip
+    print("# trl-core: TRL with gc.collect() made a no-op in its process (TRL calls it twice per step; not PPO work); "
+          "trl-shipped: TRL as installed")  # fmt: skip
+    results: dict[str, list[dict]] = {tool: [] for tool in tools}
     for index in range(args.rounds):
-        for tool in (("marlhf", "trl") if index % 2 == 0 else ("trl", "marlhf")):
+        for tool in (tools if index % 2 == 0 else tools[::-1]):
             results[tool].append(run_tool(tool, work, args, index))
             print(f"# {tool} run {index + 1} done ({results[tool][-1]['process_seconds']:.0f} s for the whole process)", flush=True)
-    print(f"{'tool':<14}{'s/step median':>14}{'per run':>22}{'tokens/step':>12}{'tokens/s':>10}")
+    report(results, args)
+
+
+def step_median(run: dict, warmup: int) -> float:
+    return statistics.median(run["step_times"][warmup:])
+
+
+def report(results: dict[str, list[dict]], args) -> None:
+    """Speed per tool, the phase table, and the ratios with their per-round values."""
+    w = args.warmup
+    print(f"{'tool':<26}{'s/step median':>14}{'per run':>22}{'tokens/step':>12}{'tokens/s':>10}")
     speed = {}
     for tool, runs in results.items():
-        per_run = [statistics.median(r["step_times"][args.warmup :]) for r in runs]
-        steps = [t for r in runs for t in r["step_times"][args.warmup :]]
-        tokens = statistics.mean(
-            t for r in runs for t in (r["tokens_per_step"][args.warmup :] if isinstance(r["tokens_per_step"], list) else [r["tokens_per_step"]])
-        )
+        steps = [t for r in runs for t in r["step_times"][w:]]
+        tokens = statistics.mean(tokens_of(r) for r in runs)
         speed[tool] = tokens / statistics.median(steps)
-        name = "marlhf" if tool == "marlhf" else runs[0]["tool"]
-        print(f"{name:<14}{statistics.median(steps):>14.3f}{' / '.join(f'{x:.3f}' for x in per_run):>22}{tokens:>12.0f}{speed[tool]:>10.0f}")
-    phases = results["marlhf"][0]["phases"]
-    print("# marlhf phases (median s): " + ", ".join(
-        f"{k.replace('_time', '')} {statistics.median(v[args.warmup:]):.3f}" for k, v in phases.items()))  # fmt: skip
-    eos = [e for r in results["trl"] for e in r.get("eos_tokens", [])]
+        name = tool if tool == "marlhf" else f"{tool} ({runs[0]['tool']})"
+        per_run = " / ".join(f"{step_median(r, w):.3f}" for r in runs)
+        print(f"{name:<26}{statistics.median(steps):>14.3f}{per_run:>22}{tokens:>12.0f}{speed[tool]:>10.0f}")
+    print("# phases, median seconds per step over every counted step (share of the median step); scoring includes "
+          "TRL's GAE, marlhf's is 'credit'; TRL's update includes its per-step metrics")  # fmt: skip
+    print(f"{'tool':<14}" + "".join(f"{k.replace('_time', ''):>16}" for k in PHASES))
+    for tool, runs in results.items():
+        step = statistics.median([t for r in runs for t in r["step_times"][w:]])
+        cells = []
+        for key in PHASES:
+            values = [v for r in runs for v in r["phases"].get(key, [])[w:]]
+            cells.append(f"{statistics.median(values):.3f} ({100 * statistics.median(values) / step:.0f}%)" if values else "-")
+        print(f"{tool:<14}" + "".join(f"{c:>16}" for c in cells))
+    eos = [e for tool in tools_of(results) for r in results[tool] for e in r.get("eos_tokens", [])]
     lengths = [x for r in results["marlhf"] for x in r["response_length"]]
     print(f"# responses: marlhf mean length {statistics.mean(lengths):.1f} tokens; TRL EOS tokens per step {max(eos, default=0):.0f} at most")
     print(f"# load average at the end {H.load_average()}")
-    per_round = [
-        (tokens_of(m) / statistics.median(m["step_times"][args.warmup :])) / (tokens_of(t) / statistics.median(t["step_times"][args.warmup :]))
-        for m, t in zip(results["marlhf"], results["trl"])
-    ]
-    print(f"marlhf / TRL tokens per second = {speed['marlhf'] / speed['trl']:.2f}x "
-          f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+    for peer in tools_of(results):
+        per_round = [
+            (tokens_of(m) / step_median(m, w)) / (tokens_of(t) / step_median(t, w))
+            for m, t in zip(results["marlhf"], results[peer])
+        ]
+        label = "TRL core (gc.collect no-op), the like-for-like figure" if peer == "trl-core" else "TRL as shipped"
+        print(f"marlhf / {label}: tokens per second = {speed['marlhf'] / speed[peer]:.2f}x "
+              f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
+
+
+def tools_of(results: dict) -> list[str]:
+    return [tool for tool in results if tool != "marlhf"]
 
 
 def tokens_of(run: dict) -> float:

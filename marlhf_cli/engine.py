@@ -287,7 +287,13 @@ def _fill(node: Any, values: dict[str, Any], prefix: str = "") -> Any:
 
 
 def build_optimizer(module, *, lr: float, weight_decay: float):
-    """torch AdamW; biases and norm weights (1-D tensors) get no weight decay."""
+    """torch AdamW; biases and norm weights (1-D tensors) get no weight decay.
+
+    The fused kernel (one vectorised pass per tensor; what transformers' Trainer uses by
+    default with torch >= 2.8) where torch has it for the parameters' dtype: on a CPU the
+    per-tensor loop of elementwise ops took 6% of a PPO step at 16.5M parameters. Same
+    update up to float rounding, deterministic on a CPU.
+    """
     import torch
 
     decay, no_decay = [], []
@@ -297,7 +303,10 @@ def build_optimizer(module, *, lr: float, weight_decay: float):
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    try:
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    except (RuntimeError, TypeError, ValueError):  # a dtype or device without the fused kernel
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 class WarmupDecay:

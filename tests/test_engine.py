@@ -6,6 +6,8 @@ ZeRO-3 and compares the loss trajectory with one process doing the same global b
 
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 import subprocess
@@ -100,6 +102,16 @@ def test_optimizer_is_torch_adamw_without_decay_on_norms_and_biases():
     decayed, plain = optimizer.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.ndim == 2 for p in decayed["params"])
     assert plain["weight_decay"] == 0.0 and all(p.ndim == 1 for p in plain["params"])
+    assert optimizer.defaults["fused"]  # the fused kernel on a CPU too (PPO's engine steps, issue 14)
+    twin = copy.deepcopy(module)
+    groups = [{"params": [p for p in twin.parameters() if p.ndim == n], "weight_decay": wd} for n, wd in ((2, 0.1), (1, 0.0))]
+    reference = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=False)
+    for param in [*module.parameters(), *twin.parameters()]:
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    reference.step()
+    for mine, theirs in zip(module.parameters(), twin.parameters()):
+        assert torch.allclose(mine, theirs, atol=1e-6)  # the same AdamW update as the unfused loop
 
 
 # ---------------------------------------------------------------------------------------

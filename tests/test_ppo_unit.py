@@ -19,9 +19,16 @@ from marlhf_cli.train.experience import (
     place_rewards,
     tokenize_prompts,
 )
-from marlhf_cli.train.forward import TokenValues, critic_values, policy_forward, position_ids_from_mask
+from marlhf_cli.train.forward import (
+    TokenValues,
+    critic_values,
+    head_divides_by,
+    logprobs_from_logits,
+    policy_forward,
+    position_ids_from_mask,
+)
 from marlhf_cli.train.rewards import ScoringBatch, TokenFractionReward
-from marlhf_cli.train.sampling import SamplingParams, filter_logits, response_mask, sample
+from marlhf_cli.train.sampling import SamplingParams, draw, filter_logits, response_mask, sample
 from marlhf_cli.train.update import UpdateSettings, ppo_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -118,19 +125,34 @@ def test_rollout_places_score_at_last_real_token_and_kl_is_zero_for_identical_mo
         models["actor"], models["reference"], models["critic"], reward, models["tokenizer"],
         prompts, [{}, {}], settings,
     )  # fmt: skip
-    # actor and reference are the same weights: old and ref log-probs agree exactly
-    assert torch.equal(exp.old_logp, exp.ref_logp)
-    assert exp.kl.abs().max() == 0
+    # actor and reference are the same weights: the old log-probs (from the sampling pass)
+    # and the reference's (a full forward) agree up to float rounding, so the KL is ~0
+    assert torch.allclose(exp.old_logp, exp.ref_logp, atol=2e-5) and (exp.old_logp != 0).any()
+    assert exp.kl.abs().max() < 2e-5
     last = exp.mask.sum(dim=1) - 1
+    score_part = exp.rewards + settings.kl_coef * exp.kl  # what is left after the KL penalty
     for row in range(2):
-        nonzero = exp.rewards[row].nonzero().flatten().tolist()
+        nonzero = score_part[row].nonzero().flatten().tolist()
         assert nonzero == [int(last[row])]
-        assert exp.rewards[row, last[row]] == row + 1.0
+        assert score_part[row, last[row]] == pytest.approx(row + 1.0)
     assert (exp.values[exp.mask == 0] == 0).all() and (exp.old_logp[exp.mask == 0] == 0).all()
     # the reward function saw [left-padded prompt | response], masks aligned
     assert reward.batch.attention_mask[:, : exp.prompt_length].sum(1).tolist() == [
         len(models["tokenizer"](p)["input_ids"]) for p in prompts
     ]
+
+
+def test_a_bf16_rollout_computes_old_log_probs_with_a_forward_not_from_sampling(models):
+    """In bf16 the sampling pass's log-probs are ~0.06 off the full forward's: there the old
+    log-probs come from a forward like the reference's, so identical models agree exactly."""
+    torch.manual_seed(0)
+    actor = copy.deepcopy(models["actor"]).to(torch.bfloat16)
+    reference = copy.deepcopy(models["actor"]).to(torch.bfloat16)
+    settings = RolloutSettings(max_new_tokens=8, max_prompt_length=16, top_k=0)
+    exp = make_experience(
+        actor, reference, None, LastTokenReward(), models["tokenizer"], ["one prompt", "and another one"], [{}, {}], settings
+    )  # fmt: skip
+    assert torch.equal(exp.old_logp, exp.ref_logp) and (exp.old_logp != 0).any()
 
 
 def test_rollout_with_a_forced_eos_places_the_score_on_it(models):
@@ -186,6 +208,66 @@ def test_sampling_uses_the_same_positions_and_transform_as_the_logprob_forward(m
     assert torch.equal(predicted[mask.bool()], ids[mask.bool()])
     full = torch.log_softmax(logits[:, prompt_ids.shape[1] - 1 : -1].float() / 0.8, -1)
     assert torch.allclose(full.gather(-1, ids[..., None])[..., 0][mask.bool()], logp[mask.bool()], atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.9)])
+def test_the_sampling_pass_gives_the_forwards_log_probs(models, top_k, top_p):
+    """The old log-probs the rollout takes from sampling are the ones a full forward over
+    [prompt | response] gives (log softmax(logits / T), unfiltered, whatever top-k / top-p
+    kept), and asking for them changes no sampled token."""
+    tok, actor = models["tokenizer"], models["actor"]
+    prompt_ids, prompt_mask = tokenize_prompts(tok, ["x", "a much longer prompt than x", "third one"], 32, "cpu")
+    params = SamplingParams(0.7, top_k, top_p, 12)
+    torch.manual_seed(3)
+    ids, logp = sample(actor, prompt_ids, prompt_mask, params, eos_token_id=EOS, pad_token_id=PAD, with_logprobs=True)
+    torch.manual_seed(3)
+    assert torch.equal(ids, sample(actor, prompt_ids, prompt_mask, params, eos_token_id=EOS, pad_token_id=PAD))
+    mask, _ = response_mask(ids, EOS)
+    seq, att = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
+    with torch.no_grad():
+        forward_logp, _ = policy_forward(actor, seq, att, prompt_ids.shape[1], 0.7)
+    real = mask.bool()
+    assert logp.shape == ids.shape
+    assert torch.allclose(logp[real], forward_logp[real], atol=2e-5, rtol=0)
+    assert (logp[real] < -1e-3).all()  # real log-probs, not zeros; unfiltered: below 0 even with top-k 5
+
+
+def test_draw_is_the_categorical_distribution():
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.15, 0.05, 0.0]]).repeat(40000, 1)
+    counts = torch.bincount(draw(probs), minlength=6).float() / 40000
+    assert counts[1] == 0 and counts[5] == 0  # probability 0: never drawn
+    assert torch.allclose(counts, probs[0], atol=0.01)
+    unnormalised = torch.tensor([[2.0, 6.0]]).repeat(40000, 1)  # mass need not sum to 1
+    assert abs(float(draw(unnormalised).float().mean()) - 0.75) < 0.01
+
+
+def test_logprobs_and_entropy_from_logits_match_their_definitions():
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(2, 5, 50)).requires_grad_()
+    labels = torch.randint(0, 50, (2, 5))
+    logp, entropy = logprobs_from_logits(logits, labels, 0.8, with_entropy=True)
+    reference = torch.log_softmax(logits / 0.8, -1)
+    expected = reference.gather(-1, labels[..., None])[..., 0]
+    assert torch.allclose(logp, expected, atol=1e-6)
+    assert torch.allclose(entropy, -(reference.exp() * reference).sum(-1), atol=1e-5) and not entropy.requires_grad
+    (grad,) = torch.autograd.grad(logp.sum(), logits)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
+    assert torch.allclose(grad, expected_grad, atol=1e-6)
+
+
+def test_the_head_divides_its_input_by_t_only_where_that_equals_dividing_the_logits(models):
+    actor = copy.deepcopy(models["actor"])
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        plain = actor(input_ids=ids).logits
+        with head_divides_by(actor, 0.7) as divided:
+            scaled = actor(input_ids=ids).logits
+        assert divided and torch.allclose(scaled, plain / 0.7, atol=1e-5, rtol=1e-5)
+        assert torch.equal(actor(input_ids=ids).logits, plain)  # the hook is gone after the block
+        actor.config.final_logit_softcapping = 30.0  # tanh after the head: h / T is not logits / T
+        with head_divides_by(actor, 0.7) as divided:
+            assert not divided and torch.equal(actor(input_ids=ids).logits, plain)
 
 
 def test_token_fraction_reward_ignores_eos_and_padding():

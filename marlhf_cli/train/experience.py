@@ -4,7 +4,13 @@ For a batch of prompts this samples responses with the actor and computes, per r
 token a_t (t = 0 .. T-1):
 
 * ``old_logp[t]`` / ``ref_logp[t]``: log pi(a_t) under the sampling actor and the frozen
-  reference, from ``logits / temperature`` (the transform sampling used);
+  reference, from ``logits / temperature`` (the transform sampling used). With an fp32
+  actor ``old_logp`` is taken from the sampling pass (no separate actor forward): the
+  log-softmax of the very logits the token was drawn from, *before* top-k/top-p filtering
+  (in bf16/fp16 a forward computes it, see :func:`make_experience`). So old, reference and
+  training log-probs are all of the unfiltered temperature distribution (filtering only
+  narrows what can be drawn), the first update's ratio is 1 up to float rounding, and the
+  KL compares the two models' unfiltered distributions;
 * ``values[t]``: the critic's V(state before a_t), read at the column of the token
   preceding a_t (the last prompt token for a_0), see :mod:`.forward`;
 * ``mask[t]``: 1 for real tokens up to and including the first EOS; a response cut at the
@@ -26,7 +32,7 @@ import torch
 
 from ..macro import kl_per_token
 from .encode import encode_prompt
-from .forward import critic_values, policy_forward, resident
+from .forward import critic_values, policy_forward, resident, unwrap
 from .rewards import RewardFn, ScoringBatch
 from .sampling import SamplingParams, response_mask, sample
 
@@ -154,13 +160,19 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, mask: torch.Tensor) 
 
 def generate(model, tokenizer, prompts: Sequence[str], settings: RolloutSettings, *, device):
     """Sample responses: (prompt ids+mask, response ids, response mask, has_eos)."""
+    return _generate(model, tokenizer, prompts, settings, device=device)[:5]
+
+
+def _generate(model, tokenizer, prompts, settings: RolloutSettings, *, device, with_logprobs: bool = False):
+    """:func:`generate`, plus the sampled tokens' log-probs (or None) as a sixth item."""
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, settings.max_prompt_length, device)
-    response_ids = sample(
+    sampled = sample(
         model, prompt_ids, prompt_mask, settings.sampling,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, with_logprobs=with_logprobs,
     )
+    response_ids, logprobs = sampled if with_logprobs else (sampled, None)
     mask, has_eos = response_mask(response_ids, tokenizer.eos_token_id)
-    return prompt_ids, prompt_mask, response_ids, mask, has_eos
+    return prompt_ids, prompt_mask, response_ids, mask, has_eos, logprobs
 
 
 def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos) -> ScoringBatch:
@@ -177,6 +189,11 @@ def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response
         has_eos=has_eos,
         records=list(records),
     )
+
+
+def _parameter_dtype(model) -> torch.dtype | None:
+    parameter = next(iter(unwrap(model).parameters()), None)
+    return None if parameter is None else parameter.dtype
 
 
 @torch.no_grad()
@@ -202,8 +219,15 @@ def make_experience(
     responses exist, before the scoring forwards (PPO starts the parser there).
     """
     started = time.perf_counter()
-    prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
-        sampler if sampler is not None else actor, tokenizer, prompts, settings, device=device
+    sampling_model = sampler if sampler is not None else actor
+    # fp32: the old log-probs come from the sampling pass itself (sample(with_logprobs=True)),
+    # the same logits / T a separate actor forward over [prompt | response] computes, to
+    # ~1e-5. In bf16/fp16 the KV-cached steps and the full pass differ by ~0.06 in log-prob
+    # (0.26 at worst, SmolLM2-135M in bf16), enough to clip the first update's ratio, so
+    # there the old log-probs come from a forward shaped like the training one, as before.
+    from_sampling = _parameter_dtype(sampling_model) == torch.float32
+    prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = _generate(
+        sampling_model, tokenizer, prompts, settings, device=device, with_logprobs=from_sampling
     )
     generated = time.perf_counter()
     if on_sampled is not None:
@@ -216,7 +240,8 @@ def make_experience(
     def logp_of(model):
         return _batched(lambda s: policy_forward(model, seq[s], att[s], plen, temperature)[0], size, chunk)
 
-    old_logp = logp_of(actor)
+    if old_logp is None:
+        old_logp = logp_of(actor)
     with resident(reference, device, settings.offload_frozen):
         ref_logp = logp_of(reference)
     if critic is not None:

@@ -33,19 +33,26 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return scoring.position_ids(attention_mask)
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature)[label], computed without a [.., V] log-softmax copy."""
-    logits = logits.float() / temperature
-    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log softmax(logits / temperature)[label], its entropy per position or None).
 
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position."""
-    logits = logits.float() / temperature
-    logz = torch.logsumexp(logits, dim=-1)
-    probs = torch.softmax(logits, dim=-1)
-    return logz - (probs * logits).sum(dim=-1)
+    One fused log-softmax, read twice: the label's entry and, with ``with_entropy``, the
+    entropy ``-sum(p log p)`` (not differentiated: it is a diagnostic). On a CPU with a 49k
+    vocabulary this is ~1.6x faster forward and backward than ``gather - logsumexp`` plus a
+    separate softmax for the entropy, and keeps no more memory for the backward (the
+    log-softmax's output instead of the scaled logits).
+    """
+    logits = logits.float()
+    log_probs = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
+    picked = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            plain = log_probs.detach()
+            entropy = -torch.einsum("...v,...v->...", plain.exp(), plain)
+    return picked, entropy
 
 
 @contextlib.contextmanager
@@ -97,17 +104,49 @@ def policy_forward(
     """
     response = sequences[:, prompt_length:]
     length = response.shape[1]
-    out = model(
-        input_ids=sequences,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=length + 1,
-    )
-    logits = out.logits[:, :-1]  # columns P-1 .. P+T-2 predict a_0 .. a_{T-1}
-    logp = logprobs_from_logits(logits, response, temperature)
-    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
-    return logp, entropy
+    with head_divides_by(model, temperature) as divided:
+        out = model(
+            input_ids=sequences,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+            logits_to_keep=length + 1,
+        )
+    # columns P-1 .. P+T-2 predict a_0 .. a_{T-1}; the last column (after a_{T-1}) goes through
+    # the log-softmax too and is dropped after: slicing the logits first would make the
+    # log-softmax copy all of them into a contiguous tensor
+    labels = torch.cat([response, response[:, -1:]], dim=1)
+    logp, entropy = logprobs_from_logits(out.logits, labels, 1.0 if divided else temperature, with_entropy=with_entropy)
+    return logp[:, :-1], None if entropy is None else entropy[:, :-1]
+
+
+@contextlib.contextmanager
+def head_divides_by(model, temperature: float):
+    """Within the block, the LM head's *input* is divided by ``temperature``; yields whether
+    the logits come out divided (trivially so at ``temperature`` 1).
+
+    ``head(h / T) = head(h) / T`` for a bias-free linear head, but h has the model's width
+    and the logits the vocabulary's: with a 49k vocabulary the division (and its backward)
+    over the logits was a tenth of a CPU step. Only where the identity holds and keeps
+    float32 precision: an fp32 ``nn.Linear`` head without bias, and no logit soft-capping
+    after it (Gemma-2's tanh would not commute). Elsewhere nothing changes (yields False:
+    the caller divides the logits).
+    """
+    net = unwrap(model)
+    head = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
+    config = getattr(net, "config", None)
+    linear = (
+        isinstance(head, torch.nn.Linear) and head.bias is None and head.weight.dtype == torch.float32
+        and not getattr(config, "final_logit_softcapping", None)
+    )  # fmt: skip
+    if temperature == 1.0 or not linear:
+        yield temperature == 1.0
+        return
+    handle = head.register_forward_pre_hook(lambda _module, args: (args[0] / temperature, *args[1:]))
+    try:
+        yield True
+    finally:
+        handle.remove()
 
 
 def _check_head(model) -> None:

@@ -43,8 +43,8 @@ MissingEos = Annotated[Optional[float], _opt("--missing-eos-penalty", "Subtract 
 
 # sampling
 Temperature = Annotated[Optional[float], _opt("--temperature", "Sampling temperature (also used for every log-prob and for evaluation). [default: 0.8]")]
-TopK = Annotated[Optional[int], _opt("--top-k", "Sample among the k most likely tokens; 0 = all. [default: 50]")]
-TopP = Annotated[Optional[float], _opt("--top-p", "Nucleus sampling mass. [default: 1.0]")]
+TopK = Annotated[Optional[int], _opt("--top-k", "Sample among the k most likely tokens; 0 = all. Only what can be drawn: log-probs (ratio, KL) are of the unfiltered logits / T. [default: 50]")]
+TopP = Annotated[Optional[float], _opt("--top-p", "Nucleus sampling mass (like --top-k, it only narrows what can be drawn). [default: 1.0]")]
 MaxPrompt = Annotated[Optional[int], _opt("--max-prompt-length", "Prompt tokens kept (the end of longer prompts). [default: 512]")]
 MaxNewTokens = Annotated[Optional[int], _opt("--max-new-tokens", "Longest response; a response cut there has no EOS. [default: 512]")]
 
