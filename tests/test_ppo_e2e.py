@@ -163,7 +163,9 @@ def test_zero3_samples_with_a_whole_copy_kept_in_step_with_the_actor(tmp_path):
         update=ppo.UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=config.temperature),
     )  # fmt: skip
     metrics = ppo.ppo_step(ctx, 0)
-    assert math.isfinite(metrics["policy_loss"]) and metrics["kl"] == 0.0
+    # policy = reference at step 0: the KL is zero up to rounding (the old log-probs come from
+    # the KV-cached sampling pass, the reference's from one full forward: equal within 2e-5)
+    assert math.isfinite(metrics["policy_loss"]) and abs(metrics["kl"]) < 1e-4
     copy = models.sampler.model()
     with eng.gathered_params(models.actor):
         actor = {name: p.detach().clone() for name, p in models.actor.module.named_parameters()}
