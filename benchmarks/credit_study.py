@@ -164,22 +164,22 @@ def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int) -> list[d
     """Run the jobs not already saved under ``root``; return every job's result."""
     todo = [job for job in jobs if not job_path(root, job).is_file()]
     if todo:
+        from rich.progress import Progress
+
+        from marlhf_cli.artifacts import write_json
+
         print(f"# {len(todo)} of {len(jobs)} runs to do ({len(jobs) - len(todo)} saved)", flush=True)
         spawn = multiprocessing.get_context("spawn")
         root.mkdir(parents=True, exist_ok=True)
         log = str(root / "runs.log")  # not committed: .gitignore
         with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(threads, log)) as pool:
             futures = {pool.submit(run_job, job): job for job in todo}
-            from rich.progress import Progress
-
             with Progress(transient=False) as progress:
                 bar = progress.add_task("runs", total=len(todo))
                 for future in as_completed(futures):
                     result = future.result()
                     path = job_path(root, result)
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    from marlhf_cli.artifacts import write_json
-
                     write_json(path, result)
                     progress.advance(bar)
     return [json.loads(job_path(root, job).read_text()) for job in jobs]
