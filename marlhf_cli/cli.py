@@ -6,14 +6,14 @@ value fails in one line before torch, a model or a dataset is loaded.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from . import __version__, options
 from .evaluate import flags as eval_flags
 from .rewards import flags as passk_flags
-from .train import flags, ppo_flags
+from .train import flags
 
 app = typer.Typer(
     name="marlhf",
@@ -51,6 +51,7 @@ def root(
 
 @app.command()
 @options.user_errors
+@options.with_flags(options.COMMON)
 def segment(
     file: Annotated[
         str,
@@ -94,11 +95,7 @@ def segment(
     stats: Annotated[
         bool, typer.Option("--stats", help="Print segment-length statistics per rule instead of the segments: count, mean, largest, share longer than --cutoff, histogram.")
     ] = False,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
+    **shared: Any,
 ) -> None:
     """Preview the macro actions a termination rule makes of text.
 
@@ -108,9 +105,9 @@ def segment(
     marlhf segment samples.jsonl --rule all --stats; echo 'x = 1' | marlhf segment - --rule code
     """
     config = options.resolve_config(
-        "segment", preset=preset, config_file=config_file, dry_run=dry_run,
+        "segment",
         rule=rule, n=n, cutoff=cutoff, tokenizer=tokenizer, model=model, backend=backend,
-        format=output_format, stats=stats or None, seed=seed, debug=debug or None,
+        format=output_format, stats=stats or None, **shared,
     )
     from . import segment as preview
     preview.run(config, file)
@@ -118,40 +115,11 @@ def segment(
 
 @app.command()
 @options.user_errors
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, options.RUN_DIR, options.COMMON)
 def sft(
     model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). [default: google/gemma-2b]", show_default=False)] = None,
-    dataset: flags.DatasetOption = None,
-    data_file: flags.DataFileOption = None,
-    strict: flags.StrictOption = None,
-    max_records: flags.MaxRecordsOption = None,
-    lr: flags.LrOption = None,
-    batch_size: flags.BatchSizeOption = None,
-    epochs: flags.EpochsOption = None,
-    max_steps: flags.MaxStepsOption = None,
-    max_prompt_length: flags.MaxPromptOption = None,
-    max_response_length: flags.MaxResponseOption = None,
     packing: flags.PackingOption = None,
-    eval_every: flags.EvalEveryOption = None,
-    eval_records: flags.EvalRecordsOption = None,
-    save_every: flags.SaveEveryOption = None,
-    resume: flags.ResumeOption = None,
-    zero_stage: flags.ZeroStageOption = None,
-    dtype: flags.DtypeOption = None,
-    gradient_accumulation_steps: flags.GradAccumOption = None,
-    gradient_checkpointing: flags.GradCkptOption = None,
-    offload_optimizer: flags.OffloadOptimizerOption = None,
-    offload_params: flags.OffloadParamsOption = None,
-    lr_scheduler: flags.SchedulerOption = None,
-    warmup_ratio: flags.WarmupOption = None,
-    weight_decay: flags.WeightDecayOption = None,
-    max_grad_norm: flags.MaxGradNormOption = None,
-    nproc: flags.NprocOption = None,
-    run_dir: options.RunDirOption = None,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
+    **shared: Any,
 ) -> None:
     """Supervised fine-tuning of the policy; writes sft/.
 
@@ -160,58 +128,18 @@ def sft(
     Examples: marlhf sft --preset cpu-tiny; marlhf sft --dataset hh --data-file hh.jsonl --model smollm2-135m;
     marlhf sft --resume (after a crash); marlhf sft --nproc 2 --zero-stage 3
     """
-    config = options.resolve_config(
-        "sft", preset=preset, config_file=config_file, dry_run=dry_run,
-        model=model, dataset=dataset, data_file=data_file, strict=strict, max_records=max_records,
-        lr=lr, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
-        max_prompt_length=max_prompt_length, max_response_length=max_response_length, packing=packing,
-        eval_every=eval_every, eval_records=eval_records, save_every=save_every, resume=resume,
-        zero_stage=zero_stage, dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
-        gradient_checkpointing=gradient_checkpointing, offload_optimizer=offload_optimizer,
-        offload_params=offload_params, lr_scheduler=lr_scheduler, warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc,
-        run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
-    )
+    config = options.resolve_config("sft", model=model, packing=packing, **shared)
     from .train import sft as stage
     stage.run(config)
 
 
 @app.command()
 @options.user_errors
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, options.RUN_DIR, options.COMMON)
 def rm(
     model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). [default: the run's sft/ folder]", show_default=False)] = None,
-    dataset: flags.DatasetOption = None,
-    data_file: flags.DataFileOption = None,
-    strict: flags.StrictOption = None,
-    max_records: flags.MaxRecordsOption = None,
-    lr: flags.LrOption = None,
-    batch_size: flags.BatchSizeOption = None,
-    epochs: flags.EpochsOption = None,
-    max_steps: flags.MaxStepsOption = None,
-    max_prompt_length: flags.MaxPromptOption = None,
-    max_response_length: flags.MaxResponseOption = None,
-    eval_every: flags.EvalEveryOption = None,
-    eval_records: flags.EvalRecordsOption = None,
-    save_every: flags.SaveEveryOption = None,
-    resume: flags.ResumeOption = None,
-    zero_stage: flags.ZeroStageOption = None,
-    dtype: flags.DtypeOption = None,
-    gradient_accumulation_steps: flags.GradAccumOption = None,
-    gradient_checkpointing: flags.GradCkptOption = None,
-    offload_optimizer: flags.OffloadOptimizerOption = None,
-    offload_params: flags.OffloadParamsOption = None,
-    lr_scheduler: flags.SchedulerOption = None,
-    warmup_ratio: flags.WarmupOption = None,
-    weight_decay: flags.WeightDecayOption = None,
-    max_grad_norm: flags.MaxGradNormOption = None,
-    nproc: flags.NprocOption = None,
     trainable_layers: flags.TrainableLayersOption = None,
-    run_dir: options.RunDirOption = None,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
+    **shared: Any,
 ) -> None:
     """Train a pairwise reward model from sft/; writes rm/.
 
@@ -220,87 +148,15 @@ def rm(
     Reports held-out accuracy, margin and score mean/std (stored in rm/config.json).
     Examples: marlhf rm --preset cpu-tiny; marlhf rm --dataset hh --data-file hh.jsonl --model smollm2-135m
     """
-    config = options.resolve_config(
-        "rm", preset=preset, config_file=config_file, dry_run=dry_run,
-        model=model, dataset=dataset, data_file=data_file, strict=strict, max_records=max_records,
-        lr=lr, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
-        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
-        eval_every=eval_every, eval_records=eval_records, save_every=save_every, resume=resume,
-        zero_stage=zero_stage, dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
-        gradient_checkpointing=gradient_checkpointing, offload_optimizer=offload_optimizer,
-        offload_params=offload_params, lr_scheduler=lr_scheduler, warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc, trainable_layers=trainable_layers,
-        run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
-    )
+    config = options.resolve_config("rm", model=model, trainable_layers=trainable_layers, **shared)
     from .train import rm as stage
     stage.run(config)
 
 
 @app.command()
 @options.user_errors
-def ppo(
-    names: ppo_flags.Names = None,
-    compare: ppo_flags.Compare = False,
-    name: ppo_flags.Name = None,
-    policy: ppo_flags.Policy = None,
-    reward_model: ppo_flags.RewardModel = None,
-    reward: ppo_flags.Reward = None,
-    advantage: ppo_flags.Advantage = None,
-    samples_per_prompt: ppo_flags.SamplesPerPrompt = None,
-    dataset: flags.DatasetOption = None,
-    data_file: flags.DataFileOption = None,
-    strict: flags.StrictOption = None,
-    max_records: flags.MaxRecordsOption = None,
-    rollout_batch_size: ppo_flags.RolloutBatch = None,
-    mini_batch_size: ppo_flags.MiniBatch = None,
-    ppo_epochs: ppo_flags.PPOEpochs = None,
-    actor_lr: ppo_flags.ActorLr = None,
-    critic_lr: ppo_flags.CriticLr = None,
-    clip_range: ppo_flags.ClipRange = None,
-    value_clip_range: ppo_flags.ValueClipRange = None,
-    gamma: ppo_flags.Gamma = None,
-    lam: ppo_flags.Lam = None,
-    kl_coef: ppo_flags.KlCoef = None,
-    kl_estimator: ppo_flags.KlEstimator = None,
-    reward_clip: ppo_flags.RewardClip = None,
-    whiten_advantages: ppo_flags.Whiten = None,
-    missing_eos_penalty: ppo_flags.MissingEos = None,
-    temperature: ppo_flags.Temperature = None,
-    top_k: ppo_flags.TopK = None,
-    top_p: ppo_flags.TopP = None,
-    max_prompt_length: ppo_flags.MaxPrompt = None,
-    max_new_tokens: ppo_flags.MaxNewTokens = None,
-    termination: ppo_flags.Termination = None,
-    n: ppo_flags.N = None,
-    cutoff: ppo_flags.Cutoff = None,
-    value_function: ppo_flags.ValueFunction = None,
-    ratio: ppo_flags.Ratio = None,
-    parser_backend: ppo_flags.ParserBackend = None,
-    parse_workers: ppo_flags.ParseWorkers = None,
-    max_steps: ppo_flags.MaxSteps = None,
-    eval_every: ppo_flags.EvalEvery = None,
-    eval_prompts: ppo_flags.EvalPrompts = None,
-    save_every: ppo_flags.SaveEvery = None,
-    resume: ppo_flags.Resume = None,
-    offload_frozen: ppo_flags.OffloadFrozen = None,
-    zero_stage: flags.ZeroStageOption = None,
-    dtype: flags.DtypeOption = None,
-    gradient_accumulation_steps: flags.GradAccumOption = None,
-    gradient_checkpointing: flags.GradCkptOption = None,
-    offload_optimizer: flags.OffloadOptimizerOption = None,
-    offload_params: flags.OffloadParamsOption = None,
-    lr_scheduler: flags.SchedulerOption = None,
-    warmup_ratio: flags.WarmupOption = None,
-    weight_decay: flags.WeightDecayOption = None,
-    max_grad_norm: flags.MaxGradNormOption = None,
-    nproc: flags.NprocOption = None,
-    run_dir: options.RunDirOption = None,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
-) -> None:
+@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, options.RUN_DIR, options.COMMON)
+def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any) -> None:
     """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
 
     Policy and reference from sft/, critic and reward from rm/.
@@ -308,41 +164,23 @@ def ppo(
     Examples: marlhf ppo --termination ppl (MA-PPO); marlhf ppo --termination fixed --n 1 (vanilla PPO);
     marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl
     """
-    config = options.resolve_config(
-        "ppo", preset=preset, config_file=config_file, dry_run=dry_run and not compare,
-        name=name, policy=policy, reward_model=reward_model, reward=reward, advantage=advantage,
-        samples_per_prompt=samples_per_prompt, dataset=dataset, data_file=data_file,
-        strict=strict, max_records=max_records, rollout_batch_size=rollout_batch_size,
-        mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs, actor_lr=actor_lr, critic_lr=critic_lr,
-        clip_range=clip_range, value_clip_range=value_clip_range, gamma=gamma, lam=lam, kl_coef=kl_coef,
-        kl_estimator=kl_estimator, reward_clip=reward_clip, whiten_advantages=whiten_advantages,
-        missing_eos_penalty=missing_eos_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, termination=termination,
-        n=n, cutoff=cutoff, value_function=value_function, ratio=ratio, parser_backend=parser_backend,
-        parse_workers=parse_workers, max_steps=max_steps, eval_every=eval_every, eval_prompts=eval_prompts,
-        save_every=save_every, resume=resume, offload_frozen=offload_frozen, zero_stage=zero_stage,
-        dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
-        gradient_checkpointing=gradient_checkpointing, offload_optimizer=offload_optimizer,
-        offload_params=offload_params, lr_scheduler=lr_scheduler, warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay, max_grad_norm=max_grad_norm, nproc=nproc,
-        run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
-    )
-    from .train import ppo as stage
+    dry_run = shared.pop("dry_run") and not compare  # --compare draws finished runs: nothing to print
+    config = options.resolve_config("ppo", dry_run=dry_run, **shared)
     if compare or names:
-        from .train import ppo_report
+        from .train.ppo import report
 
-        ppo_report.compare_command(config.run_dir, names or [], compare)
+        report.compare_command(config.run_dir, names or [], compare)
         return
-    critic_flags = {
-        "--termination": termination, "--n": n, "--cutoff": cutoff, "--value-function": value_function,
-        "--critic-lr": critic_lr, "--value-clip-range": value_clip_range,
-    }  # fmt: skip
-    stage.check_critic_free_flags(config, [flag for flag, value in critic_flags.items() if value is not None])
+    from .train import ppo as stage
+
+    given = [flag for field, flag in flags.CRITIC_FLAGS.items() if shared[field] is not None]
+    stage.settings.check_critic_free_flags(config, given)
     stage.run(config)
 
 
 @app.command()
 @options.user_errors
+@options.with_flags(options.RUN_DIR, options.COMMON)
 def bon(
     policy: eval_flags.BonPolicy = None,
     reward_model: eval_flags.BonRewardModel = None,
@@ -359,12 +197,7 @@ def bon(
     max_new_tokens: eval_flags.BonMaxNew = None,
     batch_size: eval_flags.BonBatch = None,
     normalize: eval_flags.BonNormalize = None,
-    run_dir: options.RunDirOption = None,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
+    **shared: Any,
 ) -> None:
     """Best-of-N reward per temperature (the paper's Figure 8).
 
@@ -375,11 +208,11 @@ def bon(
     Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16 --temperature 0.2,0.6,1.0; marlhf bon --policy sft
     """
     config = options.resolve_config(
-        "bon", preset=preset, config_file=config_file, dry_run=dry_run,
+        "bon",
         name=name, policy=policy, reward_model=reward_model, n=n, temperature=temperature, dataset=dataset,
         data_file=data_file, strict=strict, max_records=max_records, top_k=top_k, top_p=top_p,
         max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
-        normalize=normalize, run_dir=str(run_dir) if run_dir else None, seed=seed, debug=debug or None,
+        normalize=normalize, **shared,
     )
     from .evaluate import bon as stage
     stage.run(config)
@@ -387,6 +220,7 @@ def bon(
 
 @app.command()
 @options.user_errors
+@options.with_flags(options.RUN_DIR, options.COMMON)
 def judge(
     file_a: Annotated[str, typer.Argument(help="Samples of the first policy (JSONL rows with prompt and response); verdicts are stated for it.", show_default=False)],
     file_b: Annotated[str, typer.Argument(help="Samples of the second policy, matched to the first by prompt.", show_default=False)],
@@ -410,12 +244,7 @@ def judge(
     batch_size: eval_flags.JudgeBatch = None,
     strict: flags.StrictOption = None,
     name: eval_flags.JudgeName = None,
-    run_dir: options.RunDirOption = None,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
+    **shared: Any,
 ) -> None:
     """Win/tie/loss of two sample files by a judge, with 95% CIs.
 
@@ -428,13 +257,12 @@ def judge(
     marlhf judge --model my-model --base-url http://localhost:8000/v1 --both-orders A.jsonl B.jsonl; marlhf judge --rm A.jsonl B.jsonl
     """
     config = options.resolve_config(
-        "judge", preset=preset, config_file=config_file, dry_run=dry_run,
+        "judge",
         name=name, gpt4=gpt4, judge_model=judge_model, base_url=base_url, api_key_env=api_key_env, task=task,
         template=template, both_orders=both_orders, sample=sample, concurrency=concurrency, timeout=timeout,
         max_retries=max_retries, retry_wait=retry_wait, max_tokens=max_tokens, rm_judge=rm_judge,
         reward_model=reward_model, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
-        batch_size=batch_size, strict=strict, run_dir=str(run_dir) if run_dir else None, seed=seed,
-        debug=debug or None,
+        batch_size=batch_size, strict=strict, **shared,
     )
     from .evaluate import judge as stage
     outcome = stage.run(config, file_a, file_b)
@@ -444,6 +272,7 @@ def judge(
 
 @app.command()
 @options.user_errors
+@options.with_flags(options.RUN_DIR, options.COMMON)
 def passk(
     model: passk_flags.Model = None,
     name: passk_flags.Name = None,
@@ -465,12 +294,7 @@ def passk(
     workers: passk_flags.Workers = None,
     max_tests: passk_flags.MaxTests = None,
     dtype: passk_flags.Dtype = None,
-    run_dir: options.RunDirOption = None,
-    seed: options.SeedOption = None,
-    config_file: options.ConfigOption = None,
-    preset: options.PresetOption = None,
-    dry_run: options.DryRunOption = False,
-    debug: options.DebugOption = False,
+    **shared: Any,
 ) -> None:
     """pass@k per difficulty of sandboxed programs (Table 3).
 
@@ -480,12 +304,11 @@ def passk(
     marlhf passk --model tiny --data-file problems.jsonl --n 2 --k 1,2 --max-new-tokens 64
     """
     config = options.resolve_config(
-        "passk", preset=preset, config_file=config_file, dry_run=dry_run,
+        "passk",
         model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, split=split, limit=limit,
         n=n, k=k, temperature=temperature, top_k=top_k, top_p=top_p, max_prompt_length=max_prompt_length,
         max_new_tokens=max_new_tokens, batch_size=batch_size, time_limit=time_limit, memory_mb=memory_mb,
-        workers=workers, max_tests=max_tests, dtype=dtype, run_dir=str(run_dir) if run_dir else None, seed=seed,
-        debug=debug or None,
+        workers=workers, max_tests=max_tests, dtype=dtype, **shared,
     )
     from .rewards import passk as stage
     stage.run(config)

@@ -31,7 +31,8 @@ import sys
 import warnings
 from typing import Any, Iterator, Sequence
 
-from .config import TEMPLATES_DIR, check_fields
+from .accepts import check_fields
+from .config import TEMPLATES_DIR
 from .errors import UserError
 
 DEEPSPEED_TEMPLATES = TEMPLATES_DIR / "deepspeed"

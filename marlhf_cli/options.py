@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Mapping, Optional, get_args
 
 import typer
 from rich.console import Console
@@ -52,6 +53,38 @@ DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print the resolved configuration as YAML and exit.")
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")]
+
+# flag groups several commands take whole (with_flags adds them to a command's signature)
+RUN_DIR = {"run_dir": RunDirOption}
+COMMON = {"seed": SeedOption, "config_file": ConfigOption, "preset": PresetOption, "dry_run": DryRunOption, "debug": DebugOption}
+
+
+def with_flags(*groups: Mapping[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the flags of ``groups`` (parameter name -> annotated option type) after
+    its own parameters; it receives them in its ``**flags``.
+
+    Typer reads a command's flags from its signature, so flags shared by several commands
+    would otherwise be spelled out in each one. A flag defaults to None (not given: the
+    config's value stands), a plain boolean flag to False.
+    """
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        shared = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                              default=False if get_args(annotation)[0] is bool else None)
+            for group in groups for name, annotation in group.items()
+        ]  # fmt: skip
+
+        @functools.wraps(command)
+        def wrapper(**flags: Any) -> Any:
+            return command(**flags)
+
+        wrapper.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
 
 
 def fail(message: str, debug: bool = False) -> None:
@@ -112,7 +145,12 @@ def resolve_config(
     dry_run: bool,
     **flags: Any,
 ) -> Any:
-    """Resolve a stage's config (defaults < preset < --config < flags); print and exit on --dry-run."""
+    """Resolve a stage's config (defaults < preset < --config < flags); print and exit on --dry-run.
+
+    A flag not given is None (``--debug`` off included), so the preset's or the file's value stands."""
+    if flags.get("run_dir") is not None:
+        flags["run_dir"] = str(flags["run_dir"])
+    flags["debug"] = flags.get("debug") or None
     resolved = config_module.resolve(stage, preset=preset, config_file=config_file, flags=flags)
     if dry_run:
         typer.echo(config_module.to_yaml(resolved), nl=False)

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from .errors import UserError, bad_input
 
-from .config import rule_list
+from .accepts import rule_list
 TEXT_FIELDS = ("response", "text")
 HISTOGRAM_BINS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 10), (11, 20), (21, None))
 
@@ -258,7 +258,7 @@ def run(config, source: str) -> None:
     """What ``marlhf segment`` does: read, segment with each rule, print."""
     from .models import load_causal_lm, load_tokenizer
 
-    rules = rule_list(config.rule)  # checked with the options (config.ACCEPTS)
+    rules = rule_list(config.rule)  # checked with the options (accepts.ACCEPTS)
     if "parsing" in rules:
         check_parser(config.backend)
     responses = read_responses(source)

@@ -152,7 +152,7 @@ class RowScore:
 
 
 def _rollout(models, reward, kl_coef):
-    from marlhf_cli.train.experience import RolloutSettings, make_experience
+    from marlhf_cli.train.ppo.experience import RolloutSettings, make_experience
 
     torch.manual_seed(0)
     settings = RolloutSettings(max_new_tokens=8, max_prompt_length=32, kl_coef=kl_coef, top_k=0, temperature=0.9)
@@ -171,7 +171,7 @@ def test_make_experience_without_a_critic_has_zero_values(models):
 
 
 def test_group_credit_uses_the_kl_penalised_reward_for_rloo_and_the_score_for_grpo(models):
-    from marlhf_cli.train import credit
+    from marlhf_cli.train.ppo import credit
 
     exp, _ = _rollout(models, RowScore([1, 0, 2, 2, 0, 3]), kl_coef=0.1)
     sequence_rewards = (exp.rewards * exp.mask).sum(1)  # score - beta * sum KL
@@ -190,8 +190,8 @@ def test_group_credit_uses_the_kl_penalised_reward_for_rloo_and_the_score_for_gr
 
 
 def test_grpo_update_equals_a_hand_written_grpo_step(models):
-    from marlhf_cli.train import credit
-    from marlhf_cli.train.update import UpdateSettings, ppo_update
+    from marlhf_cli.train.ppo import credit
+    from marlhf_cli.train.ppo.update import UpdateSettings, ppo_update
     from test_ppo_unit import SGDEngine
 
     beta, clip, lr, temperature = 0.3, 0.2, 0.5, 0.9
@@ -240,7 +240,7 @@ def test_grpo_update_equals_a_hand_written_grpo_step(models):
 
 
 def test_prompt_schedule_repeats_each_prompt_k_times_within_one_process():
-    from marlhf_cli.train.ppo import PromptSchedule
+    from marlhf_cli.train.ppo.context import PromptSchedule
 
     records = [{"prompt": f"p{i}"} for i in range(10)]
     schedule = PromptSchedule(records, batch_size=4, seed=1)
@@ -280,8 +280,8 @@ def test_names_options_and_errors(tmp_path):
     with pytest.raises(UserError, match="multiple of --mini-batch-size 3"):
         ppo.check_options(_config(tmp_path, advantage="rloo", mini_batch_size=3))
     with pytest.raises(UserError, match="--termination, --value-function do not apply"):
-        ppo.check_critic_free_flags(_config(tmp_path, advantage="rloo"), ["--termination", "--value-function"])
-    ppo.check_critic_free_flags(_config(tmp_path), ["--termination"])  # gae: fine
+        ppo.settings.check_critic_free_flags(_config(tmp_path, advantage="rloo"), ["--termination", "--value-function"])
+    ppo.settings.check_critic_free_flags(_config(tmp_path), ["--termination"])  # gae: fine
 
 
 @pytest.mark.slow

@@ -8,10 +8,11 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from marlhf_cli import config
+from marlhf_cli import accepts, config
 from marlhf_cli.cli import app
 from marlhf_cli.errors import UserError
-from marlhf_cli.train import ppo, ppo_report
+from marlhf_cli.train import ppo
+from marlhf_cli.train.ppo import report as ppo_report
 
 
 def _flags(text: str) -> dict[str, str]:
@@ -21,7 +22,7 @@ def _flags(text: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "termination, n, value_function, ratio",
-    list(itertools.product(config.RULES, ("1", "5", "inf"), config.VALUE_FUNCTIONS, config.RATIO_MODES)),
+    list(itertools.product(accepts.RULES, ("1", "5", "inf"), accepts.VALUE_FUNCTIONS, accepts.RATIO_MODES)),
 )
 def test_the_hint_for_a_derived_name_makes_a_run_of_that_name(termination, n, value_function, ratio):
     name = ppo.run_name(config.resolve("ppo", flags=dict(termination=termination, n=n, value_function=value_function, ratio=ratio)))
@@ -32,7 +33,7 @@ def test_the_hint_for_a_derived_name_makes_a_run_of_that_name(termination, n, va
 
 @pytest.mark.parametrize(
     "advantage, k, ratio, termination",
-    list(itertools.product(("gae", "rloo", "grpo"), ("1", "2", "4"), config.RATIO_MODES, ("fixed", "ppl"))),
+    list(itertools.product(("gae", "rloo", "grpo"), ("1", "2", "4"), accepts.RATIO_MODES, ("fixed", "ppl"))),
 )
 def test_the_hint_round_trips_advantage_and_samples_per_prompt(advantage, k, ratio, termination):
     if advantage != "gae" and k == "1":
@@ -53,7 +54,7 @@ def test_compare_hint_for_vanilla_runs_vanilla_ppo(tmp_path):
 
 def test_too_few_prompts_does_not_offer_a_cap_as_more_data():
     with pytest.raises(UserError) as err:
-        ppo.PromptSchedule([{"prompt": "x"}] * 3, batch_size=8, seed=0)
+        ppo.context.PromptSchedule([{"prompt": "x"}] * 3, batch_size=8, seed=0)
     message = str(err.value)
     assert "add data (--max-records" not in message
     assert "raise --max-records if you set it" in message and "--rollout-batch-size 8" in message

@@ -1,7 +1,7 @@
 """Every bad option value of every command: one line, exit code 2, before anything loads.
 
 The options are read from the commands themselves, so a new numeric or choice option
-without a check in marlhf_cli/config.py (ACCEPTS) fails here.
+without a check in marlhf_cli/accepts.py (ACCEPTS) fails here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from marlhf_cli import config
+from marlhf_cli import accepts, config
 from marlhf_cli.cli import app
 
 COMMAND = typer.main.get_command(app)
@@ -79,7 +79,7 @@ def _value_options(command: str) -> list[tuple[str, str]]:
         if param.type_descriptor.annotation in (int, float):
             cases.append((flag, "-1"))
         else:
-            assert flag in BAD_TEXT, f"{command} {flag}: add a bad value here and a check in config.ACCEPTS"
+            assert flag in BAD_TEXT, f"{command} {flag}: add a bad value here and a check in accepts.ACCEPTS"
             cases.append((flag, BAD_TEXT[flag]))
     return cases
 
@@ -138,19 +138,19 @@ def test_bad_value_imports_no_torch():
 
 
 def test_choices_match_the_modules_that_use_them():
-    """config.py cannot import these modules (torch); the lists must not drift apart."""
+    """accepts.py cannot import these modules (torch); the lists must not drift apart."""
     from marlhf_cli.evaluate.prompts import TASKS
     from marlhf_cli.macro import ADVANTAGE_ESTIMATORS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
     from marlhf_cli.macro.parsing import BACKENDS as PARSING_BACKENDS
     from marlhf_cli.macro.segmentation import BACKENDS
-    from marlhf_cli.train.ppo import REWARDS
+    from marlhf_cli.train.ppo.settings import REWARDS
 
-    assert config.RULES == RULE_NAMES
-    assert config.VALUE_FUNCTIONS == VALUE_FUNCTIONS and config.RATIO_MODES == RATIO_MODES
-    assert config.PARSER_BACKENDS == BACKENDS == PARSING_BACKENDS
-    assert config.JUDGE_TASKS == ("auto", *TASKS)
-    assert config.REWARDS == REWARDS
-    assert config.ADVANTAGES == ADVANTAGE_ESTIMATORS
+    assert accepts.RULES == RULE_NAMES
+    assert accepts.VALUE_FUNCTIONS == VALUE_FUNCTIONS and accepts.RATIO_MODES == RATIO_MODES
+    assert accepts.PARSER_BACKENDS == BACKENDS == PARSING_BACKENDS
+    assert accepts.JUDGE_TASKS == ("auto", *TASKS)
+    assert accepts.REWARDS == REWARDS
+    assert accepts.ADVANTAGES == ADVANTAGE_ESTIMATORS
 
 
 def test_configs_in_code_are_checked_too():

@@ -158,9 +158,9 @@ def test_zero3_samples_with_a_whole_copy_kept_in_step_with_the_actor(tmp_path):
     records = [{"prompt": f"prompt number {i}"} for i in range(8)]
     ctx = ppo.Context(
         config=config, models=models, rule=ppo.credit.make_rule(config),
-        schedule=ppo.PromptSchedule(records, 4, 0),
-        rollout=ppo.RolloutSettings.from_config(config, forward_batch_size=2),
-        update=ppo.UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=config.temperature),
+        schedule=ppo.context.PromptSchedule(records, 4, 0),
+        rollout=ppo.experience.RolloutSettings.from_config(config, forward_batch_size=2),
+        update=ppo.update.UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=config.temperature),
     )  # fmt: skip
     metrics = ppo.ppo_step(ctx, 0)
     # policy = reference at step 0: the KL is zero up to rounding (the old log-probs come from
@@ -180,7 +180,7 @@ def test_apps_reward_plugs_in_and_the_critic_starts_from_the_policy(tmp_path):
     from marlhf_cli.train import ppo
 
     config = small_config(tmp_path, dataset="apps", reward_model=None, max_steps=1, eval_prompts=0, max_new_tokens=6)
-    assert ppo.reward_kind(config) == "apps" and ppo.model_sources(config, None) == ("tiny", "tiny")
+    assert ppo.settings.reward_kind(config) == "apps" and ppo.model_sources(config, None) == ("tiny", "tiny")
     ppo.run(config)
     entry = json.loads((tmp_path / "run.json").read_text())["stages"]["ppo/fixed5"]
     assert entry["inputs"]["reward"] == "apps-tests"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from marlhf_cli.macro import TerminationRule
-from marlhf_cli.train import credit
-from marlhf_cli.train.experience import (
+from marlhf_cli.train.ppo import credit
+from marlhf_cli.train.ppo.experience import (
     RolloutSettings,
     final_scores,
     kl_per_token,
@@ -27,9 +27,9 @@ from marlhf_cli.train.forward import (
     policy_forward,
     position_ids_from_mask,
 )
-from marlhf_cli.train.rewards import ScoringBatch, TokenFractionReward
-from marlhf_cli.train.sampling import SamplingParams, draw, filter_logits, response_mask, sample
-from marlhf_cli.train.update import UpdateSettings, ppo_update
+from marlhf_cli.train.ppo.rewards import ScoringBatch, TokenFractionReward
+from marlhf_cli.train.ppo.sampling import SamplingParams, draw, filter_logits, response_mask, sample
+from marlhf_cli.train.ppo.update import UpdateSettings, ppo_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,10 +6,10 @@ N (for each N in --n) follows from those M scores with the unbiased estimator of
 :mod:`.estimator`: one generation per temperature, whatever the number of N.
 
 Sampling and scoring reuse the PPO stage's pieces, so scores are comparable with ``marlhf
-ppo``'s evaluation: prompts are encoded as in training (:func:`..train.experience.generate`,
+ppo``'s evaluation: prompts are encoded as in training (:func:`..train.ppo.experience.generate`,
 left-padded, mask-derived positions, plain ``logits / T`` sampling, top-k/top-p only when
 asked), and the reward model reads its score at the last real response token
-(:class:`..train.rewards.RewardModelReward`). When the reward model's tokenizer differs from
+(:class:`..train.ppo.rewards.RewardModelReward`). When the reward model's tokenizer differs from
 the policy's, responses are re-tokenized as text for it (:func:`.rm_judge.score_texts`).
 
 Resumable: each finished temperature is written to ``bon/<name>/t<T>.json`` (every sample
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
-from ..config import parse_list
+from ..accepts import parse_list
 from ..errors import UserError
 from ..seeding import derived_seed
 from . import estimator, plots, tables
@@ -47,7 +47,7 @@ STAGE = "bon"
 
 
 def check(config) -> tuple[list[int], list[float]]:
-    """The N and the temperatures (every value was checked with the options: config.ACCEPTS)."""
+    """The N and the temperatures (every value was checked with the options: accepts.ACCEPTS)."""
     return parse_list(config.n, int, "--n"), parse_list(config.temperature, float, "--temperature")
 
 
@@ -134,7 +134,7 @@ def load_models(config, policy: str, reward_model: str) -> Models:
 
     from ..models import load_causal_lm, load_reward_model, load_tokenizer
     from ..train.forward import disable_dropout
-    from ..train.rewards import RewardModelReward
+    from ..train.ppo.rewards import RewardModelReward
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(policy, padding_side="left")
@@ -157,7 +157,7 @@ def sample_temperature(models: Models, prompts: Sequence[str], temperature: floa
     """``samples`` scored responses per prompt at one temperature: [{"prompt", "samples": [...]}]."""
     import torch
 
-    from ..train.experience import RolloutSettings, generate, scoring_batch
+    from ..train.ppo.experience import RolloutSettings, generate, scoring_batch
 
     settings = RolloutSettings(
         temperature=temperature, top_k=config.top_k, top_p=config.top_p,

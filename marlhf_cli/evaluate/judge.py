@@ -56,7 +56,7 @@ def default_name(path_a: str, path_b: str) -> str:
 
 
 def check(config) -> None:
-    """A judge must be chosen (each option's value was checked with the options: config.ACCEPTS)."""
+    """A judge must be chosen (each option's value was checked with the options: accepts.ACCEPTS)."""
     if not (config.gpt4 or config.judge_model or config.rm_judge):
         raise UserError("choose a judge: --gpt4 (the paper's GPT-4o), --model NAME (any OpenAI-compatible model) or --rm (the reward model)")
 

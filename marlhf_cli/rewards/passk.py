@@ -31,8 +31,8 @@ STAGE = "passk"
 
 def check(config) -> list[int]:
     """The k values, and a one-line error when --n is too few for the largest (each value
-    alone was checked with the options: config.ACCEPTS)."""
-    from ..config import parse_list
+    alone was checked with the options: accepts.ACCEPTS)."""
+    from ..accepts import parse_list
 
     ks = parse_list(config.k, int, "--k")
     if config.n < ks[-1]:
@@ -67,7 +67,7 @@ def sample_responses(model, tokenizer, device, prompts: Sequence[str], config):
     """Yield (start, responses) per batch of ``config.batch_size`` sequences, in order."""
     import torch
 
-    from ..train.experience import RolloutSettings, decode_responses, generate
+    from ..train.ppo.experience import RolloutSettings, decode_responses, generate
 
     settings = RolloutSettings(
         temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,

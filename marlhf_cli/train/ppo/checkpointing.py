@@ -7,10 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoints, engine as eng
-from . import common
+from ... import checkpoints, engine as eng
+from ...artifacts import RunDir
+from .. import common
+from .settings import STAGE
 
 KEEP_CHECKPOINTS = 2  # actor and critic are saved one after the other: keep a common step
+
+
+def checkpoint_root(run_dir: RunDir, name: str) -> Path:
+    """``ppo/<name>/checkpoints``: the actor's and the critic's resume checkpoints."""
+    return run_dir.stage_dir(STAGE, name) / "checkpoints"
 
 
 def save(ctx: Any, root: Path, step: int, state: dict) -> None:

@@ -7,10 +7,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import engine as eng
-from ..seeding import derived_seed
+from ... import engine as eng
+from ...seeding import derived_seed
 from .experience import generate, scoring_batch
-from .forward import resident
+from ..forward import resident
 
 
 def _gather_rows(rows: list[dict]) -> list[dict]:

@@ -21,8 +21,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from . import scoring
-from .forward import last_token_scores
+from .. import scoring
+from ..forward import last_token_scores
 
 
 @dataclass

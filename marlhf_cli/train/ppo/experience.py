@@ -30,9 +30,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..macro import kl_per_token
-from .encode import encode_prompt
-from .forward import critic_values, policy_forward, resident, unwrap
+from ...macro import kl_per_token
+from ..encode import encode_prompt
+from ..forward import critic_values, policy_forward, resident, unwrap
 from .rewards import RewardFn, ScoringBatch
 from .sampling import SamplingParams, response_mask, sample
 

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ..macro import (
+from ...macro import (
     PendingSegments,
     SegmentStats,
     TerminationRule,
@@ -65,7 +65,7 @@ def describe(rule: TerminationRule, value_function: str, ratio: str) -> str:
 
 def response_texts(tokenizer, response_ids: torch.Tensor, mask: torch.Tensor):
     """(texts, spans) of each response's real ids, EOS included (it gets an empty span)."""
-    from ..macro.alignment import token_offsets
+    from ...macro.alignment import token_offsets
 
     texts, spans = [], []
     for row, count in zip(response_ids.cpu(), mask.sum(dim=1).cpu()):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import engine as eng
+from ... import engine as eng
 
 
 class GenerationModel:

@@ -11,9 +11,9 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .. import artifacts
-from ..artifacts import RunDir
-from ..errors import UserError
+from ... import artifacts
+from ...artifacts import RunDir
+from ...errors import UserError
 
 
 def _fmt(value, digits: int = 3) -> str:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..macro import kl_loss, masked_mean, policy_loss, value_loss
-from .forward import critic_values, policy_forward
+from ...macro import kl_loss, masked_mean, policy_loss, value_loss
+from ..forward import critic_values, policy_forward
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .forward import position_ids_from_mask, unwrap
+from ..forward import position_ids_from_mask, unwrap
 
 
 @dataclass

@@ -1,0 +1,207 @@
+"""What each option accepts: every check of one option's value, by field name.
+
+They run in :func:`marlhf_cli.config.resolve`, so a bad value stops any command in one line
+(exit 2) before a model, a dataset, a parser or a process group is touched. Checks that
+relate several options (e.g. --rollout-batch-size a multiple of --mini-batch-size) stay with
+the stage that needs them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable
+
+from .errors import UserError
+
+# The choices below are also defined where they are used (marlhf_cli.macro, engine.py,
+# evaluate/prompts.py), which this module must not import (they pull in torch);
+# tests/test_option_values.py keeps the two in step.
+RULES = ("fixed", "randomized", "ppl", "parsing", "code")
+VALUE_FUNCTIONS = ("equal", "unit", "position", "first")
+RATIO_MODES = ("token", "macro")
+PARSER_BACKENDS = ("auto", "spacy", "stanza")
+DTYPES = ("fp32", "bf16")
+SCHEDULES = ("cosine", "linear")
+JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
+REWARDS = ("model", "apps")
+ADVANTAGES = ("gae", "rloo", "grpo")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
+
+
+def parse_list(text: Any, kind: type, flag: str) -> list:
+    """'4,8,16' (or '[4, 8]' from YAML) -> sorted unique values; one-line error otherwise."""
+    parts = [p.strip() for p in str(text).strip().strip("[]").split(",") if p.strip()]
+    try:
+        values = sorted({kind(float(p)) if kind is int and float(p).is_integer() else kind(p) for p in parts})
+    except ValueError:
+        raise UserError(f"{flag} expects comma-separated {kind.__name__}s, got '{text}'") from None
+    if not values:
+        raise UserError(f"{flag} is empty")
+    return values
+
+
+@dataclass(frozen=True)
+class Accepts:
+    """What one option accepts: a test of its value and the words an error uses for it."""
+
+    test: Callable[[Any], bool]
+    expected: str
+
+    def check(self, flag: str, value: Any) -> None:
+        if not self.test(value):
+            shown = f"{value:g}" if isinstance(value, float) else repr(value)
+            raise UserError(f"{flag} must be {self.expected}, got {shown}")
+
+
+def at_least(low: float) -> Accepts:
+    return Accepts(lambda v: v >= low, f"{low} or more")
+
+
+def above(low: float) -> Accepts:
+    return Accepts(lambda v: v > low, f"> {low}")
+
+
+def between(low: float, high: float, *, high_open: bool = False, low_open: bool = False) -> Accepts:
+    def test(v: float) -> bool:
+        return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+
+    return Accepts(test, f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+
+
+def one_of(*choices: Any) -> Accepts:
+    return Accepts(lambda v: v in choices, "one of " + ", ".join(str(c) for c in choices))
+
+
+def numbers(kind: type, item: Accepts) -> Accepts:
+    """A comma-separated list of numbers (bon's --n and --temperature, passk's --k)."""
+
+    def test(text: Any) -> bool:
+        try:
+            values = parse_list(text, kind, "")
+        except UserError:
+            return False
+        return all(item.test(v) for v in values)
+
+    return Accepts(test, f"comma-separated {kind.__name__}s, each {item.expected}")
+
+
+def _segment_length(n: float) -> bool:
+    return (math.isinf(n) and n > 0) or (n >= 1 and n == int(n))
+
+
+def rule_list(spec: Any) -> list[str]:
+    """segment's --rule: 'ppl', 'fixed,code' or 'all' -> rule names (ValueError if none or unknown)."""
+    names = list(RULES) if spec == "all" else [r.strip() for r in str(spec).split(",") if r.strip()]
+    if not names or any(name not in RULES for name in names):
+        raise ValueError(spec)
+    return names
+
+
+def _is_rule_list(spec: Any) -> bool:
+    try:
+        return bool(rule_list(spec))
+    except ValueError:
+        return False
+
+
+SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
+POSITIVE = at_least(1)
+
+# By field name, for every stage with that field; STAGE_ACCEPTS wins where a stage's field
+# means something else. None values (not given, "all", "the default") are not checked.
+ACCEPTS: dict[str, Accepts] = {
+    "seed": at_least(0),
+    "max_records": POSITIVE,
+    "eval_records": at_least(0),
+    "lr": at_least(0),  # 0 freezes the weights (the step-cost benchmarks sample identically)
+    "batch_size": POSITIVE,
+    "epochs": POSITIVE,
+    "max_steps": POSITIVE,
+    "max_prompt_length": POSITIVE,
+    "max_response_length": POSITIVE,
+    "max_new_tokens": POSITIVE,
+    "eval_every": at_least(0),
+    "save_every": at_least(0),
+    "zero_stage": one_of(0, 1, 2, 3),
+    "dtype": Accepts(lambda v: v in DTYPES, f"one of {', '.join(DTYPES)} (fp16 does not run on the CPU)"),
+    "gradient_accumulation_steps": POSITIVE,
+    "lr_scheduler": one_of(*SCHEDULES),
+    "warmup_ratio": between(0, 1, high_open=True),
+    "weight_decay": at_least(0),
+    "max_grad_norm": at_least(0),
+    "nproc": POSITIVE,
+    "trainable_layers": at_least(0),
+    "reward": one_of(*REWARDS),
+    "advantage": one_of(*ADVANTAGES),
+    "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage
+    "rollout_batch_size": POSITIVE,
+    "mini_batch_size": POSITIVE,
+    "ppo_epochs": POSITIVE,
+    "actor_lr": at_least(0),
+    "critic_lr": at_least(0),
+    "clip_range": above(0),
+    "value_clip_range": above(0),
+    "gamma": between(0, 1),
+    "lam": between(0, 1),
+    "kl_coef": at_least(0),
+    "kl_estimator": one_of("k1", "k3"),
+    "reward_clip": above(0),
+    "missing_eos_penalty": at_least(0),
+    "temperature": above(0),
+    "top_k": at_least(0),
+    "top_p": between(0, 1, low_open=True),
+    "termination": one_of(*RULES),
+    "n": SEGMENT_LENGTH,
+    "cutoff": POSITIVE,
+    "value_function": one_of(*VALUE_FUNCTIONS),
+    "ratio": one_of(*RATIO_MODES),
+    "parser_backend": one_of(*PARSER_BACKENDS),
+    "parse_workers": at_least(0),
+    "eval_prompts": at_least(0),
+    "rule": Accepts(_is_rule_list, f"{', '.join(RULES)}, several of them comma-separated, or all"),
+    "backend": one_of(*PARSER_BACKENDS),
+    "format": one_of("text", "json"),
+    "task": one_of(*JUDGE_TASKS),
+    "sample": POSITIVE,
+    "concurrency": POSITIVE,
+    "timeout": above(0),
+    "max_retries": at_least(0),
+    "retry_wait": at_least(0),
+    "max_tokens": POSITIVE,
+    "split": one_of("eval", "all"),
+    "limit": POSITIVE,
+    "k": numbers(int, POSITIVE),
+    "time_limit": above(0),
+    "memory_mb": POSITIVE,
+    "workers": POSITIVE,
+    "max_tests": POSITIVE,
+}
+STAGE_ACCEPTS: dict[str, dict[str, Accepts]] = {
+    "bon": {"n": numbers(int, POSITIVE), "temperature": numbers(float, above(0))},
+    "passk": {"n": POSITIVE},
+}
+# Fields whose flag is not --<field-with-dashes>.
+FLAG_NAMES = {"judge_model": "--model", "rm_judge": "--rm"}
+
+
+def flag_name(field_name: str) -> str:
+    return FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+def check_fields(config: Any, names: Iterable[str], stage: str | None = None) -> None:
+    """One-line error for the first of ``names`` whose value ACCEPTS (or STAGE_ACCEPTS) rejects."""
+    special = STAGE_ACCEPTS.get(stage or "", {})
+    for name in names:
+        value = getattr(config, name)
+        accepts = special.get(name) or ACCEPTS.get(name)
+        if value is not None and accepts is not None:
+            accepts.check(flag_name(name), value)
+
+
+def validate(stage: str, config: Any) -> None:
+    """One-line errors for option values no run of ``stage`` can use (see ACCEPTS)."""
+    check_fields(config, [f.name for f in fields(config)], stage)
+    if isinstance(getattr(config, "dataset", None), str):
+        from .data.loader import check_source
+
+        check_source(config.dataset, config.data_file)

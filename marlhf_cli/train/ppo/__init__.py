@@ -1,0 +1,278 @@
+"""``marlhf ppo``: PPO and MA-PPO, Algorithm 1 of Chai et al. (ICLR 2025).
+
+Each step of :func:`run` is one iteration of the paper's Algorithm 1::
+
+    for step in 1 .. max_steps:
+        x        ~ the PPO prompts                       (PromptSchedule)
+        y        ~ pi_old(. | x), with old/ref log-probs, critic values and the RM score
+                                                         (experience.make_experience)
+        segments = termination rule on y                 (credit.assign_credit)
+        A, Q     = GAE over segments, broadcast to tokens
+        for epoch, minibatch: clipped policy and value updates (update.ppo_update)
+
+MA-PPO and PPO are the same code: ``--termination fixed --n 1`` makes every token its own
+segment, which is token-level PPO exactly (tested), and the run says so when it starts.
+``--advantage rloo|grpo`` replaces steps 4-5 (and the critic) with a group baseline over
+``--samples-per-prompt`` responses to each prompt (:mod:`marlhf_cli.macro.baselines`); no
+critic is built, trained, checkpointed or exported.
+
+Inputs: the policy and reference come from the run's SFT model, the critic and the reward
+from its reward model (``--policy`` / ``--reward-model`` override; the ``tiny`` alias works
+for both). With ``--reward apps`` (the default for ``--dataset apps``) the score is the
+generated program's test outcome and the critic starts from the policy. Outputs under the run directory: ``ppo/<name>/`` (actor, ``critic/``,
+``checkpoints/``), ``metrics/ppo-<name>.jsonl``, ``tb/ppo-<name>/``, ``plots/ppo-<name>-*.png``,
+``samples/<name>.jsonl`` and the ``ppo/<name>`` entry of ``run.json``.
+
+Reproducibility: the prompts of step s are a pure function of (seed, s), and every random
+draw of step s (sampling, randomized segments, minibatch order) comes from generators seeded
+with (seed, s, rank). A run resumed from a checkpoint at step k therefore repeats exactly
+what the uninterrupted run did after step k (on a CPU; GPU kernels may not be bitwise
+deterministic).
+
+The package, in the order a step uses it: ``settings`` (name, estimator, group size, option
+checks), ``models`` (engines, reference, reward), ``context`` (prompt schedule, per-step
+settings), ``sampling`` and ``experience`` (the rollout), ``rewards`` (where scores come
+from), ``credit`` (termination rule -> segment advantages, or the group baselines),
+``update`` (the PPO epochs), ``metrics``, ``evaluation`` (held-out prompts),
+``checkpointing`` (resume), ``generation`` (ZeRO-3's sampling copy) and ``report`` (final
+table, ``--compare``). Its command-line flags are in :mod:`marlhf_cli.train.flags`, which
+loads no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ... import artifacts, checkpoints, engine as eng
+from ...artifacts import RunDir
+from ...macro.segmentation import warm_up
+from ...seeding import derived_seed
+from .. import common
+from ..monitor import Monitor
+from . import credit
+from .checkpointing import checkpoint_root, latest_common, resume, save
+from .context import Context, make_context
+from .evaluation import evaluate
+from .experience import make_experience
+from .metrics import final_metrics, live_metrics, reduce_metrics
+from .models import build_models
+from .rewards import RewardFn
+from .settings import (
+    STAGE,
+    check_options,
+    describe,
+    fingerprint,
+    group_size,
+    make_reward,
+    model_sources,
+    responses_per_step,
+    run_name,
+)
+from .update import ppo_update
+
+
+def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
+    """Train with PPO / MA-PPO and write the run's outputs; returns the final metrics.
+
+    ``reward_fn`` replaces the reward named by ``--reward`` as the source of scores (tests use
+    a synthetic reward); the critic still starts from ``--reward-model`` (default: rm/, or the
+    policy with the APPS reward).
+    """
+    # inputs: the policy (actor and reference), the critic's and the reward's source, prompts
+    common.start(config)
+    check_options(config)
+    run_dir = RunDir(config.run_dir)
+    name = run_name(config)
+    policy, reward_model = model_sources(config, run_dir)
+    prompts = common.load_split(config, "ppo", config.max_records)
+    held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
+    models = build_models(config, policy, reward_model, reward_fn or make_reward(config))
+    ctx = make_context(config, models, prompts.records)
+    root = checkpoint_root(run_dir, name)
+    expected = fingerprint(config, name, len(prompts.records))
+    start = _resume_or_start_fresh(ctx, run_dir, name, root, expected)
+    inputs = _announce(ctx, run_dir, name, policy, reward_model, prompts, len(held_out), start)
+    _start_parse_pool(ctx)
+
+    # Algorithm 1's outer loop: one PPO step per iteration, held-out evaluation and resume
+    # checkpoints on their schedules
+    monitor = Monitor(run_dir, f"{STAGE}-{name}", total_steps=config.max_steps, start_step=start, enabled=eng.is_main())
+    last: dict[str, float] = {}
+    rows: list[dict] = []  # the latest evaluation's samples
+    durations: list[float] = []
+    try:
+        if held_out and start == 0 and config.eval_every:
+            scores, rows = evaluate(ctx, held_out, 0)
+            monitor.log(0, scores, "eval")
+        for step in range(start, config.max_steps):
+            last = ppo_step(ctx, step)
+            done = step + 1
+            durations.append(last["step_time"])
+            monitor.log(done, last, "train")
+            monitor.advance(done, live_metrics(last))
+            final = done == config.max_steps
+            if held_out and (final or (config.eval_every and done % config.eval_every == 0)):
+                scores, rows = evaluate(ctx, held_out, done)
+                monitor.log(done, scores, "eval")
+            if config.save_every and done % config.save_every == 0 and not final:
+                save(ctx, root, done, {"fingerprint": expected, "stage": f"{STAGE}/{name}"})
+    finally:
+        monitor.close()
+        if ctx.executor is not None:
+            ctx.executor.shutdown()
+        if hasattr(models.reward, "close"):
+            models.reward.close()
+
+    _export_models(models, run_dir.stage_dir(STAGE, name))
+    metrics: dict[str, Any] = {}
+    if eng.is_main():
+        metrics = _report(monitor, run_dir, name, last, rows, durations, start)
+    common.record(run_dir, f"{STAGE}/{name}", config, inputs, metrics, status="finished")
+    return metrics
+
+
+def ppo_step(ctx: Context, step: int) -> dict[str, float]:
+    """One iteration of Algorithm 1 (0-based ``step``); returns the step's metrics."""
+    config, models = ctx.config, ctx.models
+    rank, processes = eng.rank(), eng.world_size()
+    began = time.perf_counter()
+    torch.manual_seed(derived_seed(config.seed, step, rank, "rollout"))
+
+    # 1. a batch of prompts, each repeated K times (a group; K = 1 for PPO / MA-PPO)
+    records, sample_numbers = ctx.schedule.for_rank(step, rank, processes, group_size(config))
+
+    # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
+    # with a --parse-workers pool starts parsing as soon as the responses exist, so the
+    # parser runs while the scoring forwards do.
+    segmentation: dict[str, Any] = {}  # the parse started on the pool, if any
+
+    def start_segmentation(response_ids, mask):
+        if ctx.critic_free:
+            return
+        segmentation["pending"] = credit.start_segmentation(
+            ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
+        )
+
+    experience = make_experience(
+        models.actor, models.reference, models.critic, models.reward, models.tokenizer,
+        [r["prompt"] for r in records], records, ctx.rollout,
+        device=models.device, sampler=models.sampler.model(), on_sampled=start_segmentation,
+    )  # fmt: skip
+
+    # 4-5. macro actions from the termination rule; GAE over segments, broadcast to tokens
+    # (rloo / grpo: one advantage per response from its group, no critic)
+    credited = time.perf_counter()
+    if ctx.critic_free:
+        credit.assign_group_credit(
+            experience, config.advantage, group_size(config), whiten_advantages=config.whiten_advantages
+        )
+    else:
+        credit.assign_credit(
+            experience, ctx.rule, tokenizer=models.tokenizer, gamma=config.gamma, lam=config.lam,
+            value_function=config.value_function, whiten_advantages=config.whiten_advantages,
+            sample_seeds=sample_numbers, executor=ctx.executor, pending=segmentation.get("pending"),
+        )  # fmt: skip
+    credit_seconds = time.perf_counter() - credited
+
+    # 6. PPO epochs over minibatches: clipped policy loss (actor), clipped value loss (critic;
+    # grpo adds beta * KL to the policy loss instead of the KL penalty in the reward)
+    trained = time.perf_counter()
+    generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
+    update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator)
+    training_seconds = time.perf_counter() - trained
+
+    timings = {
+        "generation_time": experience.generation_seconds,
+        "scoring_time": experience.scoring_seconds,
+        "credit_time": credit_seconds,
+        "training_time": training_seconds,
+    }
+    metrics = reduce_metrics(experience, update_stats, timings)
+    metrics["step_time"] = time.perf_counter() - began
+    metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
+    metrics["actor_lr"] = eng.current_lr(models.actor)
+    if models.critic is not None:
+        metrics["critic_lr"] = eng.current_lr(models.critic)
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------
+# the stage's start and end
+
+
+def _resume_or_start_fresh(ctx: Context, run_dir: RunDir, name: str, root, expected: dict) -> int:
+    """The step to start at: the newest complete checkpoint's with --resume, else 0 (and an
+    earlier run's checkpoints, model and samples are removed so they cannot outlive this start)."""
+    start = 0
+    if ctx.config.resume:
+        start = resume(ctx, root, expected)
+    else:
+        if eng.is_main() and latest_common(root, critic=not ctx.critic_free) is not None:
+            common.say(f"fresh run: removing old checkpoints in {root} (pass --resume to continue them)")
+        checkpoints.clear_checkpoints(root)
+    if start == 0:
+        common.clear_previous_outputs(run_dir, STAGE, name)
+    return start
+
+
+def _announce(ctx: Context, run_dir: RunDir, name: str, policy: str, reward_model: str, prompts, eval_prompts: int, start: int) -> dict:
+    """The start-up lines, and run.json's entry marked running; returns the run's inputs."""
+    config, models = ctx.config, ctx.models
+    what_runs = describe(config, ctx.rule)
+    common.say(f"ppo '{name}': {what_runs}")
+    k = group_size(config)
+    per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
+    common.say(
+        f"policy {policy}, reward {models.reward.name}"
+        + ("" if ctx.critic_free else f", critic from {reward_model}")
+        + f", {len(prompts.records)} prompts, {config.max_steps} steps of {per_step}, {eng.world_size()} process(es)"
+        + (f", resuming at step {start}" if start else "")
+    )
+    inputs = {
+        "policy": policy, "reward_model": reward_model, "reward": models.reward.name, "dataset": config.dataset,
+        "data_file": config.data_file, "source": prompts.source, "prompts": len(prompts.records),
+        "eval_prompts": eval_prompts, "processes": eng.world_size(), "credit_assignment": what_runs,
+        "responses_per_step": responses_per_step(config),
+    }  # fmt: skip
+    common.record(run_dir, f"{STAGE}/{name}", config, inputs, None, status="running")
+    return inputs
+
+
+def _start_parse_pool(ctx: Context) -> None:
+    """--parse-workers > 0 with a text rule: a process pool that parses while the model scores."""
+    config = ctx.config
+    if not (ctx.rule.needs_text and config.parse_workers > 0 and not ctx.critic_free):
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: this process holds DeepSpeed's and OpenMP's threads (and maybe CUDA)
+    spawn = multiprocessing.get_context("spawn")
+    ctx.executor = ProcessPoolExecutor(max_workers=config.parse_workers, mp_context=spawn)
+    for _ in range(config.parse_workers):  # workers load the parser during the first evaluation
+        ctx.executor.submit(warm_up, ctx.rule)
+
+
+def _export_models(models, out_dir) -> None:
+    # the critic first: the actor's config.json is what marks ppo/<name> as finished
+    if models.critic is not None:
+        checkpoints.export_pretrained(models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model)
+    checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer)
+
+
+def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list[dict], durations: list[float], start: int) -> dict[str, Any]:
+    """Rank 0: the summary metrics, the samples, the plots and the final table."""
+    from . import report
+
+    # the whole history, including the part before a resume
+    history = artifacts.read_jsonl(monitor.path) if monitor.path.is_file() else []
+    metrics = final_metrics(last, history, durations, start)
+    if rows:
+        artifacts.write_jsonl(run_dir.samples_path(name), rows)
+    for metric in ("score", "kl", "reward"):
+        monitor.plot(metric, title=f"ppo {name}: {metric}", xlabel="PPO step")
+    report.print_final_table(name, history, metrics)
+    return metrics

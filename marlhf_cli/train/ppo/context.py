@@ -1,0 +1,80 @@
+"""What every step of a run shares: the prompt schedule, the models and the step's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ... import engine as eng
+from ...errors import UserError
+from .. import loop
+from . import credit
+from .experience import RolloutSettings
+from .models import Models
+from .settings import is_critic_free, micro_batch
+from .update import UpdateSettings
+
+
+@dataclass
+class PromptSchedule:
+    """Which prompts step s uses: a pure function of (seed, s), cycling through epochs."""
+
+    records: Sequence[dict]
+    batch_size: int  # global
+    seed: int
+
+    def __post_init__(self):
+        if len(self.records) < self.batch_size:
+            raise UserError(
+                f"only {len(self.records)} PPO prompts for --rollout-batch-size {self.batch_size}: "
+                "lower it, raise --max-records if you set it, or use a dataset with more prompts"
+            )
+
+    def indices(self, step: int) -> list[int]:
+        return loop.global_batch(len(self.records), self.batch_size, self.seed, step)
+
+    def for_rank(self, step: int, rank: int, processes: int, group: int = 1) -> tuple[list[dict], list[int]]:
+        """This process's records of step ``step``, each repeated ``group`` times in a row (a
+        group never spans processes), and the global sample number of every response."""
+        per = self.batch_size // processes
+        chosen = self.indices(step)[rank * per : (rank + 1) * per]
+        first = step * self.batch_size + rank * per  # the global number of this rank's first prompt
+        numbers = [(first + i) * group + j for i in range(per) for j in range(group)]
+        return [self.records[i] for i in chosen for _ in range(group)], numbers
+
+
+
+@dataclass
+class Context:
+    """Everything a step needs, built once."""
+
+    config: Any
+    models: Models
+    rule: Any
+    schedule: PromptSchedule
+    rollout: RolloutSettings
+    update: UpdateSettings
+    executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
+
+    @property
+    def critic_free(self) -> bool:
+        return is_critic_free(self.config)
+
+
+def make_context(config, models: Models, records: Sequence[dict]) -> Context:
+    """The step's settings from the config (also what the benchmarks build)."""
+    micro = micro_batch(config)
+    # GRPO puts the KL to the reference in the loss (beta * k3), not in the reward
+    kl_in_loss = config.advantage == "grpo"
+    rollout = RolloutSettings.from_config(config, forward_batch_size=micro)
+    return Context(
+        config=config, models=models, rule=credit.make_rule(config),
+        schedule=PromptSchedule(records, config.rollout_batch_size, config.seed),
+        rollout=dataclasses.replace(rollout, kl_coef=0.0) if kl_in_loss else rollout,
+        update=UpdateSettings(
+            epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
+            micro_batch_size=micro, clip_range=config.clip_range, value_clip_range=config.value_clip_range,
+            ratio=config.ratio, temperature=config.temperature, kl_loss_coef=config.kl_coef if kl_in_loss else 0.0,
+        ),
+    )  # fmt: skip

@@ -1,0 +1,89 @@
+"""A step's metrics (averaged over every process's samples) and the run's summary in run.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ... import engine as eng
+
+
+def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str, float]) -> dict[str, float]:
+    """Rollout and update metrics averaged over every process's samples."""
+    mask = experience.mask.float()
+    lengths = mask.sum(dim=1)
+    stats = experience.segment_stats
+    sums = {
+        "samples": float(experience.batch_size),
+        "response_tokens": float(lengths.sum()),
+        "score": float(experience.raw_scores.sum()),
+        "placed_score": float(experience.scores.sum()),
+        "reward": float(experience.rewards.sum()),
+        "kl": float(experience.kl_k1.sum()),
+        "kl_estimate": float(experience.kl.sum()),
+        "eos": float(experience.has_eos.float().sum()),
+        "value": float((experience.values * mask).sum()),
+        "advantage": float((experience.advantages * mask).sum()),
+        "return": float((experience.returns * mask).sum()) if experience.returns is not None else 0.0,
+        "segments": float(stats.segments),
+        "segment_tokens": float(stats.tokens),
+        "fallbacks": float(stats.fallbacks),
+        **{f"update:{k}": v for k, v in update_stats.items()},
+        **{f"time:{k}": v for k, v in timings.items()},
+    }
+    keys = sorted(sums)
+    totals = eng.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
+    total = dict(zip(keys, totals))
+    samples, tokens, processes = total["samples"], max(total["response_tokens"], 1.0), eng.world_size()
+    out = {
+        "score": total["score"] / samples,  # the reward function's raw score (RM score)
+        "placed_score": total["placed_score"] / samples,  # clipped, minus the missing-EOS penalty
+        "reward": total["reward"] / samples,  # sum of per-token rewards: score - kl_coef * KL
+        "kl": total["kl"] / samples,  # sequence KL(pi || ref), k1 estimate
+        "kl_estimate": total["kl_estimate"] / samples,  # the estimator used in the reward
+        "response_length": total["response_tokens"] / samples,
+        "eos_rate": total["eos"] / samples,
+        "value": total["value"] / tokens,
+        "advantage": total["advantage"] / tokens,
+        "return": total["return"] / tokens,
+        "segment_length": total["segment_tokens"] / max(total["segments"], 1.0),
+        "segments_per_response": total["segments"] / samples,
+        "responses": samples,  # generated this step, over all processes: prompts x K
+        "parse_fallbacks": total["fallbacks"],
+        "response_tokens": total["response_tokens"],
+    }
+    for key, value in total.items():
+        if key.startswith("update:"):
+            out[key.split(":", 1)[1]] = value / processes
+        elif key.startswith("time:"):
+            out[key.split(":", 1)[1]] = value / processes
+    return out
+
+
+
+def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The few numbers the progress bar shows."""
+    return {
+        "score": metrics["score"], "kl": metrics["kl"], "seg": metrics["segment_length"],
+        "s/step": metrics["step_time"],
+    }  # fmt: skip
+
+
+
+def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
+    """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
+    keys = ("score", "reward", "kl", "response_length", "segment_length", "parse_fallbacks")
+    metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
+    metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))
+    timed = durations[1:] or durations  # the first step includes one-off warm-up
+    if timed:
+        metrics["seconds_per_step"] = round(sum(timed) / len(timed), 4)
+    evals = [row for row in history if row.get("split") == "eval"]
+    if evals:
+        metrics["eval_score_start"] = evals[0]["score"]
+        metrics["eval_score"] = evals[-1]["score"]
+        metrics["eval_response_length"] = evals[-1]["response_length"]
+    if start:
+        metrics["resumed_from_step"] = start
+    return metrics
