@@ -1,9 +1,10 @@
 """One sandboxed process: write the program, start it through the harness, read its output
 until it exits or the deadline passes, stop and reap it, and say how it ended.
 
-:func:`run_in` is the whole life of one child, given an :class:`~.containment.Isolation`, a uid
-and a working directory; the caller (:func:`~.runner.run`, or the isolation probe, which runs
-its probe program exactly as programs will be run) owns the uid and the directory.
+:func:`run_in` is the whole life of one child, given an :class:`~.containment.Isolation`,
+a uid and a working directory; the caller owns the uid and the directory
+(:func:`~.runner.run`, or the containment probe, which runs its probe program exactly as
+programs will be run).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What a sandboxed run may use, and what it ended in.
 
 :class:`Limits` and the ``setrlimit`` spec the harness applies (:func:`limits_spec`); the
-statuses an execution ends in and how a finished child's exit code, stderr and CPU time map
-to one (:func:`classify`, :func:`failure_detail`). Kept apart from the process handling so that the
-result protocol (shared with ``harness.py``'s exit codes) is readable on one page.
+statuses an execution ends in, and how a finished child's exit code, stderr and CPU time
+map to one (:func:`classify`, :func:`failure_detail`). Kept apart from the process handling
+so that the result protocol (shared with ``harness.py``'s exit codes) reads on one page.
 """
 
 from __future__ import annotations
