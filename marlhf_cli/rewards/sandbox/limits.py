@@ -1,0 +1,99 @@
+"""What a sandboxed run may use, and what it ended in.
+
+:class:`Limits` and the ``setrlimit`` spec the harness applies (:func:`limits_spec`); the
+statuses an execution ends in, and how a finished child's exit code, stderr and CPU time
+map to one (:func:`classify`, :func:`failure_detail`). Kept apart from the process handling
+so that the result protocol (shared with ``harness.py``'s exit codes) reads on one page.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import signal
+from dataclasses import dataclass
+
+# the harness's exit codes (harness.py defines the same numbers: it runs standalone, via -c)
+EXIT_COMPILE, EXIT_MEMORY, EXIT_NO_FUNCTION, EXIT_BAD_RESULT, EXIT_CPU, EXIT_SETUP = 111, 112, 113, 114, 115, 116
+
+# what one execution ended in
+OK = "ok"
+RUNTIME_ERROR = "runtime_error"
+TIMEOUT = "timeout"
+MEMORY_LIMIT = "memory_limit"
+OUTPUT_LIMIT = "output_limit"
+COMPILE_ERROR = "compile_error"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run limits. ``cpu`` defaults to ``ceil(time)``; the CPU hard limit is one more second."""
+
+    time: float = 4.0  # wall-clock seconds
+    cpu: float | None = None  # CPU seconds (RLIMIT_CPU)
+    memory_mb: int = 1024  # address space (RLIMIT_AS)
+    processes: int = 16  # processes + threads at once (RLIMIT_NPROC)
+    output_bytes: int = 8 << 20  # stdout (and, separately, stderr) bytes read back
+    file_bytes: int = 16 << 20  # largest file it may write (RLIMIT_FSIZE)
+    open_files: int = 64  # RLIMIT_NOFILE
+
+    def cpu_seconds(self) -> int:
+        return max(1, math.ceil(self.cpu if self.cpu is not None else self.time))
+
+
+def limits_spec(limits: Limits, nproc: int) -> str:
+    """The limits for the harness (``CPU=4:5,AS=...``), never above this process's own.
+
+    The harness sets them with ``setrlimit`` before it reads the program: no ``preexec_fn``
+    is needed, so ``subprocess`` can start the child with vfork, which costs ~1 ms instead
+    of a fork's page-table copy (~200 ms from a parent holding 3 GB, i.e. a training run).
+    """
+    cpu = limits.cpu_seconds()
+    wanted = [
+        ("CPU", resource.RLIMIT_CPU, cpu, cpu + 1),
+        ("AS", resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
+        ("NPROC", resource.RLIMIT_NPROC, nproc, nproc),
+        ("FSIZE", resource.RLIMIT_FSIZE, limits.file_bytes, limits.file_bytes),
+        ("NOFILE", resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+        ("CORE", resource.RLIMIT_CORE, 0, 0),
+    ]
+    parts = []
+    for name, res, soft, hard in wanted:
+        _, current = resource.getrlimit(res)
+        if current != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current), min(hard, current)
+        parts.append(f"{name}={soft}:{hard}")
+    return ",".join(parts)
+
+
+def classify(ended: str, returncode: int, stderr: str, limits: Limits, cpu_seconds: float) -> str:
+    """The status of a finished run; ``ended`` is how output collection stopped
+    (``exited``, ``timeout`` or ``output``)."""
+    if ended == "timeout":
+        return TIMEOUT
+    if ended == "output":
+        return OUTPUT_LIMIT
+    if returncode == 0:
+        return OK
+    if returncode == EXIT_COMPILE:
+        return COMPILE_ERROR
+    if returncode == EXIT_MEMORY or stderr.rstrip().endswith("MemoryError"):
+        return MEMORY_LIMIT
+    if returncode in (-signal.SIGXCPU, EXIT_CPU) or cpu_seconds >= limits.cpu_seconds() - 0.05:
+        return TIMEOUT  # the CPU limit (soft: SIGXCPU; hard, or as a namespace's init: SIGKILL)
+    if returncode == -signal.SIGXFSZ:
+        return OUTPUT_LIMIT
+    return RUNTIME_ERROR
+
+
+def failure_detail(status: str, returncode: int, stderr: str) -> str:
+    """One line for the user: the last line of stderr, and the signal that killed the run."""
+    if status == OK:
+        return ""
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    if returncode is not None and returncode < 0:
+        try:
+            last = f"killed by {signal.Signals(-returncode).name}" + (f"; {last}" if last else "")
+        except ValueError:
+            pass
+    return last[:300]
