@@ -79,6 +79,9 @@ def test_an_unreachable_hub_fails_at_once_and_in_one_line(tmp_path):
         "import json, time\n"
         "from marlhf_cli import models\n"
         "from marlhf_cli.errors import UserError\n"
+        # imported before the clock starts: the bound is on the retry loop, not on imports
+        # (which take tens of seconds on a loaded 2-core machine)
+        "from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer\n"
         "out = {}\n"
         "for what, load in (('tokenizer', models.load_tokenizer), ('model', models.load_causal_lm),\n"
         "                   ('reward', models.load_reward_model)):\n"

@@ -107,7 +107,7 @@ def model_sources(config, run_dir: RunDir) -> tuple[str, str]:
 def make_reward(config) -> RewardFn | None:
     """The reward named by ``--reward`` when it is not the reward model (built with the models)."""
     if reward_kind(config) == "apps":
-        from ..rewards.apps import AppsReward
+        from ...rewards.apps import AppsReward
 
         return AppsReward()  # the compiler signal: run the response against the problem's tests
     return None
