@@ -87,3 +87,16 @@ def test_learning_rate_and_best_configuration_are_chosen_on_tuning_scores():
     # the reported seeds' steps do not enter the choice, only the tuning score
     summaries = {"a": summary("a", 0.5), "b": summary("b", 0.4)}
     assert best_of(summaries, ("a", "b")).config == "a"
+
+
+def test_settled_line_reports_runs_that_still_move():
+    from credit_study import Summary, settled_line
+
+    def summary(curves):
+        return Summary("ppo", 0.1, 0.5, len(curves), 0, [20.0], (20.0, 20.0), [0.5], (0.5, 0.5), 1.0, 1.0, curves)
+
+    flat = [0.1] * 5 + [1.0] * 25  # learned by step 6, then flat
+    rising = [i / 30 for i in range(30)]  # still climbing at the end
+    assert "settled" in settled_line("t", summary([flat, [0.0] * 30]))
+    line = settled_line("t", summary([flat, rising]))
+    assert "still moving" in line and "0.300" in line  # 9 rises of 1/30 between the last 10 trailing means
