@@ -17,10 +17,13 @@ reference to stay near): token PPO (fixed n=1) at GAE lambda 0.95 (the paper's),
 prompts (the same 8 responses per step).
 
 Fair tuning: every configuration runs every learning rate of the grid (actor = critic rate)
-on tuning seeds that are never reported, and keeps the rate with the highest mean training
-score over the tuning run; the best token-PPO and the best MA-PPO configuration are picked
-the same way, on tuning data, so picking among more candidates cannot flatter the reported
-seeds. Then each configuration runs the reported seeds at its rate.
+on tuning seeds that are never reported (full mode: two seeds x 15 steps), and keeps the
+rate with the highest mean training score over the tuning runs; the best token-PPO and the
+best MA-PPO configuration are picked the same way, on tuning data, so picking among more
+candidates cannot flatter the reported seeds. Then each configuration runs the reported seeds at its rate (full mode: 5 seeds x
+30 steps, 60 on ``prefix``). The last lines say whether the best token-PPO configuration had
+settled by the end of its runs (how far a run's trailing mean still moved over its last 10
+steps): a study whose baseline is still learning would flatter whatever beats it early.
 
 Reported per task: steps (and responses generated) until the trailing 5-step mean training
 score first reaches the threshold, a stated fraction of the best achievable score (0.8 of
