@@ -75,6 +75,7 @@ CONFIGS = {
     "rloo": dict(advantage="rloo", samples_per_prompt=4),
     "grpo": dict(advantage="grpo", samples_per_prompt=4),
 }
+PALETTE = [f"C{i}" for i in range(10)] + ["black", "gold"]  # one colour per configuration
 TOKEN_PPO = ("ppo-lam0.95", "ppo-lam0.99", "ppo-lam1.0")
 MA_PPO = ("fixed5", "fixed5-first", "fixed10", "fixed10-first", "inf", "inf-first", "ppl")
 CRITIC_FREE = ("rloo", "grpo")
@@ -347,7 +348,8 @@ def plot(all_summaries: dict[str, dict[str, Summary]], mode: Mode, path: Path) -
     for ax, task in zip(axes[0], tasks):
         summaries = all_summaries[task]
         shown = []
-        for name in ("ppo-lam0.95", best_of(summaries, TOKEN_PPO).config, "fixed5", best_of(summaries, MA_PPO).config, *CRITIC_FREE):
+        # every lambda (the horizon control), the paper's fixed 5, the best MA-PPO, the critic-free
+        for name in (*TOKEN_PPO, "fixed5", best_of(summaries, MA_PPO).config, *CRITIC_FREE):
             if name in summaries and name not in shown:
                 shown.append(name)
         for name in shown:
@@ -361,7 +363,8 @@ def plot(all_summaries: dict[str, dict[str, Summary]], mode: Mode, path: Path) -
             else:
                 half = [0.0] * len(mean)
             style = "--" if name in TOKEN_PPO else (":" if name in CRITIC_FREE else "-")
-            (line,) = ax.plot(xs, mean, style, label=f"{name} (lr {s.lr:g})", linewidth=1.6)
+            colour = PALETTE[list(CONFIGS).index(name) % len(PALETTE)]  # a configuration's colour is the same in every panel
+            (line,) = ax.plot(xs, mean, style, color=colour, label=f"{name} (lr {s.lr:g})", linewidth=1.6)
             ax.fill_between(xs, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                             color=line.get_color(), alpha=0.12)  # fmt: skip
         ax.axhline(mode.threshold, color="grey", linewidth=0.8, linestyle=":")
