@@ -61,7 +61,7 @@ COMMON = {"seed": SeedOption, "config_file": ConfigOption, "preset": PresetOptio
 
 def with_flags(*groups: Mapping[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the flags of ``groups`` (parameter name -> annotated option type) after
-    its own parameters; it receives them in its ``**flags``.
+    its own parameters; it receives them in its ``**`` parameter (``**shared`` in cli.py).
 
     Typer reads a command's flags from its signature, so flags shared by several commands
     would otherwise be spelled out in each one. A flag defaults to None (not given: the
