@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import __version__, options
+from .accepts import flag_name
 from .evaluate import flags as eval_flags
 from .rewards import flags as passk_flags
 from .train import flags
@@ -173,7 +174,7 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any
         return
     from .train import ppo as stage
 
-    given = [flag for field, flag in flags.CRITIC_FLAGS.items() if shared[field] is not None]
+    given = [flag_name(field) for field in flags.CRITIC_FIELDS if shared[field] is not None]
     stage.settings.check_critic_free_flags(config, given)
     stage.run(config)
 

@@ -179,5 +179,4 @@ PPO = {
     "resume": Resume, "offload_frozen": OffloadFrozen,
 }  # fmt: skip
 # flags that shape segments or train the critic: a critic-free run (rloo, grpo) cannot use them
-CRITIC_FLAGS = {"termination": "--termination", "n": "--n", "cutoff": "--cutoff",
-                "value_function": "--value-function", "critic_lr": "--critic-lr", "value_clip_range": "--value-clip-range"}  # fmt: skip
+CRITIC_FIELDS = ("termination", "n", "cutoff", "value_function", "critic_lr", "value_clip_range")

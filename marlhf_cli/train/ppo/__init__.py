@@ -93,8 +93,9 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     ctx = make_context(config, models, prompts.records)
     root = checkpoint_root(run_dir, name)
     expected = fingerprint(config, name, len(prompts.records))
+    stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
     start = _resume_or_start_fresh(ctx, run_dir, name, root, expected)
-    inputs = _announce(ctx, run_dir, name, policy, reward_model, prompts, len(held_out), start)
+    inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)
     _start_parse_pool(ctx)
 
     # Algorithm 1's outer loop: one PPO step per iteration, held-out evaluation and resume
@@ -118,7 +119,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
                 scores, rows = evaluate(ctx, held_out, done)
                 monitor.log(done, scores, "eval")
             if config.save_every and done % config.save_every == 0 and not final:
-                save(ctx, root, done, {"fingerprint": expected, "stage": f"{STAGE}/{name}"})
+                save(ctx, root, done, {"fingerprint": expected, "stage": stage_key})
     finally:
         monitor.close()
         if ctx.executor is not None:
@@ -130,7 +131,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     if eng.is_main():
         metrics = _report(monitor, run_dir, name, last, rows, durations, start)
-    common.record(run_dir, f"{STAGE}/{name}", config, inputs, metrics, status="finished")
+    common.record(run_dir, stage_key, config, inputs, metrics, status="finished")
     return metrics
 
 
@@ -218,7 +219,7 @@ def _resume_or_start_fresh(ctx: Context, run_dir: RunDir, name: str, root, expec
     return start
 
 
-def _announce(ctx: Context, run_dir: RunDir, name: str, policy: str, reward_model: str, prompts, eval_prompts: int, start: int) -> dict:
+def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: str, reward_model: str, prompts, eval_prompts: int, start: int) -> dict:
     """The start-up lines, and run.json's entry marked running; returns the run's inputs."""
     config, models = ctx.config, ctx.models
     what_runs = describe(config, ctx.rule)
@@ -237,7 +238,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, policy: str, reward_mode
         "eval_prompts": eval_prompts, "processes": eng.world_size(), "credit_assignment": what_runs,
         "responses_per_step": responses_per_step(config),
     }  # fmt: skip
-    common.record(run_dir, f"{STAGE}/{name}", config, inputs, None, status="running")
+    common.record(run_dir, stage_key, config, inputs, None, status="running")
     return inputs
 
 
