@@ -26,6 +26,7 @@ SCHEDULES = ("cosine", "linear")
 JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
 REWARDS = ("model", "apps")
 ADVANTAGES = ("gae", "rloo", "grpo")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
+LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -155,6 +156,7 @@ ACCEPTS: dict[str, Accepts] = {
     "cutoff": POSITIVE,
     "value_function": one_of(*VALUE_FUNCTIONS),
     "ratio": one_of(*RATIO_MODES),
+    "loss_aggregation": one_of(*LOSS_AGGREGATIONS),
     "parser_backend": one_of(*PARSER_BACKENDS),
     "parse_workers": at_least(0),
     "eval_prompts": at_least(0),

@@ -137,6 +137,8 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     cutoff: int | None = None  # parsing C / code C_code; None = the rule's default (5 / 10)
     value_function: str = "equal"  # equal | unit | position | first
     ratio: str = "token"  # token | macro
+    # how per-token policy losses become one loss (docs/method.md "Loss aggregation")
+    loss_aggregation: str = "token-mean"  # token-mean | sequence-mean (DeepSeekMath) | token-sum (Dr. GRPO)
     parser_backend: str = "auto"
     parse_workers: int = 1  # text rules parse in a pool while the scoring forwards run; 0 = inline
     # schedule

@@ -134,6 +134,7 @@ N = Annotated[Optional[str], _opt("--n", "Segment length of the fixed rule and t
 Cutoff = Annotated[Optional[int], _opt("--cutoff", "Largest segment in tokens for parsing (C) and code (C_code). [default: 5 parsing, 10 code]")]
 ValueFunction = Annotated[Optional[str], _opt("--value-function", "Segment value from token values: equal (mean), unit (last), position, first. [default: equal]")]
 Ratio = Annotated[Optional[str], _opt("--ratio", "Policy ratio per token (the authors' code) or per macro action (the paper's equation). [default: token]")]
+LossAggregation = Annotated[Optional[str], _opt("--loss-aggregation", "How per-token policy losses (and grpo's KL term) become one loss, for every --advantage: token-mean (over all real tokens of the batch: longer responses weigh more), sequence-mean (each response's mean, then the mean over responses: DeepSeekMath's GRPO) or token-sum (the token sum / (responses x --max-new-tokens): Dr. GRPO). docs/method.md, 'Loss aggregation'. [default: token-mean]")]
 ParserBackend = Annotated[Optional[str], _opt("--parser-backend", "Parser of the parsing rule: auto, stanza, spacy. [default: auto]")]
 ParseWorkers = Annotated[Optional[int], _opt("--parse-workers", "Worker processes that run the parsing/code rules while the scoring forwards run, so parsing adds no time to a step; 0 = parse in the training process after the forwards. [default: 1]")]
 
@@ -174,7 +175,7 @@ PPO = {
     "reward_clip": RewardClip, "whiten_advantages": Whiten, "missing_eos_penalty": MissingEos,
     "temperature": Temperature, "top_k": TopK, "top_p": TopP, "max_prompt_length": MaxPrompt,
     "max_new_tokens": MaxNewTokens, "termination": Termination, "n": N, "cutoff": Cutoff,
-    "value_function": ValueFunction, "ratio": Ratio, "parser_backend": ParserBackend, "parse_workers": ParseWorkers,
+    "value_function": ValueFunction, "ratio": Ratio, "loss_aggregation": LossAggregation, "parser_backend": ParserBackend, "parse_workers": ParseWorkers,
     "max_steps": MaxSteps, "eval_every": EvalEvery, "eval_prompts": EvalPrompts, "save_every": SaveEvery,
     "resume": Resume, "offload_frozen": OffloadFrozen,
 }  # fmt: skip

@@ -76,5 +76,6 @@ def make_context(config, models: Models, records: Sequence[dict]) -> Context:
             epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
             micro_batch_size=micro, clip_range=config.clip_range, value_clip_range=config.value_clip_range,
             ratio=config.ratio, temperature=config.temperature, kl_loss_coef=config.kl_coef if kl_in_loss else 0.0,
+            loss_aggregation=config.loss_aggregation, max_new_tokens=config.max_new_tokens,
         ),
     )  # fmt: skip

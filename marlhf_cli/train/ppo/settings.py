@@ -27,7 +27,8 @@ def run_name(config) -> str:
             raise UserError(f"--name '{config.name}': use letters, digits, '.', '_' and '-' only")
         return config.name
     k = group_size(config)
-    suffix = "" if k == DEFAULT_GROUP_SIZE[config.advantage] else f"-k{k}"
+    suffix = "" if config.loss_aggregation == "token-mean" else f"-{config.loss_aggregation}"
+    suffix += "" if k == DEFAULT_GROUP_SIZE[config.advantage] else f"-k{k}"
     if is_critic_free(config):
         return config.advantage + ("" if config.ratio == "token" else f"-{config.ratio}-ratio") + suffix
     rule = credit.make_rule(config)
@@ -72,14 +73,16 @@ REWARDS = ("model", "apps")
 def describe(config, rule) -> str:
     """The start-up line's account of what this run does (also run.json's credit_assignment)."""
     k = group_size(config)
+    aggregation = "" if config.loss_aggregation == "token-mean" else f", {config.loss_aggregation} loss"
     if config.advantage == "rloo":
         what = f"RLOO (no critic: {k} responses per prompt, leave-one-out baseline, KL penalty in the reward"
     elif config.advantage == "grpo":
         what = f"GRPO (no critic: {k} responses per prompt, group-normalised score, KL loss k3 x {config.kl_coef:g}"
     else:
-        return credit.describe(rule, config.value_function, config.ratio) + (f", {k} responses per prompt" if k > 1 else "")
+        per_prompt = f", {k} responses per prompt" if k > 1 else ""
+        return credit.describe(rule, config.value_function, config.ratio) + per_prompt + aggregation
     ratio = "one ratio per response" if config.ratio == "macro" else "token ratios"
-    return what + f"; {ratio}; termination rules and value functions do not apply)"
+    return what + f"; {ratio}{aggregation}; termination rules and value functions do not apply)"
 
 
 def reward_kind(config) -> str:
