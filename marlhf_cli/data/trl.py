@@ -13,6 +13,14 @@ Row shapes understood (one is picked per file from its first row):
   demonstration records (``prompt`` + ``chosen``) for SFT.
 * ``messages``: one conversation per row, its final assistant message the target:
   demonstration records.
+* ``prompt-only``: ``prompt`` alone (a string or messages), TRL's format for online methods
+  (GRPO, RLOO): prompt records for ``ppo`` and ``bon``, typically with the columns a reward
+  function checks responses against (``--reward py:...``).
+* ``text``: ``text`` alone, TRL's plain language-modelling format: text records, which only
+  ``sft`` reads, with the loss on every token.
+
+A row's other columns (``answer``, ``id``, ...) travel with its record, unchanged, under
+``columns``: TRL hands them to reward functions as keyword arguments, and so does marlhf.
 
 Conversations become text in the HH-RLHF transcript style the rest of the toolkit uses
 (``"\\n\\nHuman: ...\\n\\nAssistant:"``; user/human -> Human, assistant -> Assistant, system
@@ -34,7 +42,7 @@ from .records import (
 )
 
 NAME = "trl"
-DESCRIPTION = "a local file in TRL's conventions (prompt/chosen/rejected, chosen/rejected, messages)"
+DESCRIPTION = "a local file in TRL's conventions (prompt/chosen/rejected, chosen/rejected, prompt/completion, messages, prompt, text)"
 HUB = None
 SAMPLE = None
 
@@ -53,11 +61,36 @@ def detect(row: dict) -> str | None:
         return "prompt-completion"
     if "messages" in keys:
         return "messages"
+    if "prompt" in keys:
+        return "prompt-only"
+    if "text" in keys:
+        return "text"
     return None
 
 
+# the fields of each row shape that become the record; any other column is kept in ``columns``
+RECORD_FIELDS = {
+    "standard": ("prompt", "chosen", "rejected"),
+    "implicit": ("chosen", "rejected"),
+    "conversational": ("prompt", "chosen", "rejected"),
+    "implicit-conversational": ("chosen", "rejected"),
+    "prompt-completion": ("prompt", "completion"),
+    "messages": ("messages",),
+    "prompt-only": ("prompt",),
+    "text": ("text",),
+}
+
+
 def parse(row: dict, variant: str) -> Parsed:
-    """One source row -> record; raises RowProblem."""
+    """One source row -> record (with the row's other columns); raises RowProblem."""
+    parsed = _parse(row, variant)
+    columns = {key: value for key, value in row.items() if key not in RECORD_FIELDS[variant]}
+    if columns:
+        parsed.record["columns"] = columns
+    return parsed
+
+
+def _parse(row: dict, variant: str) -> Parsed:
     if variant == "standard":
         prompt = get_text(row, "prompt")
         return Parsed(preference(prompt, get_text(row, "chosen"), get_text(row, "rejected")), prompt)
@@ -80,6 +113,12 @@ def parse(row: dict, variant: str) -> Parsed:
         return Parsed(record, prompt)
     if variant == "prompt-completion":
         return _demonstration(row, "prompt", "completion")
+    if variant == "prompt-only":
+        prompt = _prompt(row, "prompt")
+        return Parsed({"prompt": prompt}, prompt)
+    if variant == "text":
+        text = get_text(row, "text")
+        return Parsed({"text": text}, text)
     turns = _messages(row, "messages")
     if turns[-1]["role"] not in ("assistant", "gpt") or len(turns) < 2:
         raise RowProblem(INVALID, "messages", "expected a conversation ending with an assistant message")
@@ -87,9 +126,14 @@ def parse(row: dict, variant: str) -> Parsed:
     return Parsed({"prompt": prompt, "chosen": render_response(turns[-1:])}, prompt)
 
 
+def _prompt(row: dict, name: str) -> str:
+    """A prompt given as text, or as messages rendered into a transcript."""
+    value = get_field(row, name)
+    return render_prompt(_messages(row, name)) if isinstance(value, list) else get_text(row, name)
+
+
 def _demonstration(row: dict, prompt_field: str, target_field: str) -> Parsed:
-    value = get_field(row, prompt_field)
-    prompt = render_prompt(_messages(row, prompt_field)) if isinstance(value, list) else get_text(row, prompt_field)
+    prompt = _prompt(row, prompt_field)
     target = get_field(row, target_field)
     chosen = render_response(_messages(row, target_field)) if isinstance(target, list) else get_text(row, target_field)
     return Parsed({"prompt": prompt, "chosen": chosen}, prompt)

@@ -78,7 +78,10 @@ def load_prompts(config, console) -> tuple[list[str], str]:
     """Distinct prompts of the eval split, the first --max-records of them; and the source."""
     from ..data import load_records
 
+    from ..data.records import PROMPT_KINDS
+
     result = load_records(config.dataset, data_file=config.data_file, split="eval", strict=config.strict)
+    result.require(STAGE, PROMPT_KINDS)
     if result.notice:
         console.print(result.notice, highlight=False, soft_wrap=True)
     if result.report.total_skipped:

@@ -132,7 +132,7 @@ def run(config: Any) -> dict[str, Any]:
     common.start(config)
     run_dir = RunDir(config.run_dir)
     model_name = base_model(config, run_dir)
-    train = common.load_split(config, "rm", config.max_records)
+    train = common.load_split(config, "rm", config.max_records).require(STAGE, ("preference",))
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")
     task, identical = build_task(config, tokenizer, train.records, held_out.records)

@@ -4,6 +4,10 @@ The loss is the mean next-token NLL over *response* tokens only (prompt and padd
 are -100): the policy must learn to answer, not to write Reddit posts or user turns. Each
 response ends with EOS, so the model learns to stop, which PPO's rollouts rely on.
 
+A file in TRL's plain language-modelling format (``{"text": ...}`` rows) has no prompt: the
+loss then covers every token of the text (and the EOS after it), up to ``max_prompt_length +
+max_response_length`` tokens, as TRL's SFTTrainer does with such data.
+
 ``--packing`` concatenates examples into blocks of ``max_prompt_length +
 max_response_length`` tokens (fewer padding tokens, faster on long-tail data). Attention
 then crosses example boundaries inside a block, as in the usual "constant length" packing;
@@ -23,7 +27,7 @@ from .. import checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
 from . import common, loop
-from .encode import IGNORE, attention_mask, encode_prompt, encode_response, pad_right
+from .encode import IGNORE, attention_mask, encode_prompt, encode_response, pad_right, special_prefix
 
 STAGE = "sft"
 
@@ -37,6 +41,16 @@ def encode_example(tokenizer, prompt: str, response: str, max_prompt: int, max_r
     prompt_ids = encode_prompt(tokenizer, prompt, max_prompt)
     response_ids = encode_response(tokenizer, response, max_response)
     return {"input_ids": prompt_ids + response_ids, "labels": [IGNORE] * len(prompt_ids) + response_ids}
+
+
+def encode_text(tokenizer, text: str, max_length: int) -> dict:
+    """A text row: ``input_ids`` = special prefix + text (+ EOS), labels on every text token.
+
+    A text longer than ``max_length`` keeps its beginning and gets no EOS (as a cut response).
+    """
+    prefix = list(special_prefix(tokenizer))
+    ids = encode_response(tokenizer, text, max(1, max_length - len(prefix)))
+    return {"input_ids": prefix + ids, "labels": [IGNORE] * len(prefix) + ids}
 
 
 def pack(examples: Sequence[dict], block_size: int) -> list[dict]:
@@ -97,10 +111,7 @@ def summarize(sums: dict[str, float], count: float) -> dict[str, float]:
 
 def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: list[dict]) -> loop.Task:
     def encode(records):
-        return [
-            encode_example(tokenizer, r["prompt"], _response(r), config.max_prompt_length, config.max_response_length)
-            for r in records
-        ]
+        return [encode_record(tokenizer, r, config.max_prompt_length, config.max_response_length) for r in records]
 
     train = encode(train_records)
     held_out = encode(eval_records)
@@ -122,6 +133,17 @@ def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: 
     )
 
 
+def encode_record(tokenizer, record: dict, max_prompt: int, max_response: int) -> dict:
+    """A demonstration (loss on its response) or a text record (loss on all of it)."""
+    if "prompt" not in record:
+        return encode_text(tokenizer, record["text"], max_prompt + max_response)
+    return encode_example(tokenizer, record["prompt"], _response(record), max_prompt, max_response)
+
+
+# what sft trains on (data.records.record_kind); prompts alone have nothing to imitate
+KINDS = ("preference", "demonstration", "text", "problem")
+
+
 def _response(record: dict) -> str:
     """The demonstration: ``chosen`` of a preference record, or a record's ``completion``."""
     for key in ("chosen", "completion", "response"):
@@ -137,7 +159,7 @@ def run(config: Any) -> dict[str, Any]:
 
     common.start(config)
     run_dir = RunDir(config.run_dir)
-    train = common.load_split(config, "sft", config.max_records)
+    train = common.load_split(config, "sft", config.max_records).require(STAGE, KINDS)
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     task = build_task(config, tokenizer, train.records, held_out.records)

@@ -48,6 +48,7 @@ import torch
 
 from ... import artifacts, checkpoints, engine as eng
 from ...artifacts import RunDir
+from ...data.records import PROMPT_KINDS
 from ...macro.segmentation import warm_up
 from ...seeding import derived_seed
 from .. import common
@@ -87,7 +88,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     run_dir = RunDir(config.run_dir)
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
-    prompts = common.load_split(config, "ppo", config.max_records)
+    prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
     models = build_models(config, policy, reward_model, reward_fn or make_reward(config))
     ctx = make_context(config, models, prompts.records)
