@@ -106,7 +106,9 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
-    reward: str | None = None  # model (the RM's score) | apps (the program's tests); None: apps for --dataset apps, else model
+    # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (the user's
+    # function, TRL's reward_funcs convention); None: apps for --dataset apps, else model
+    reward: str | None = None
     # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines
     advantage: str = "gae"
     samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo
@@ -170,6 +172,7 @@ class BonConfig(CommonConfig, DataConfig):
     name: str | None = None  # bon/<name>.json; default derived from --policy
     policy: str | None = None  # run-dir name (sft, ppo/<name>), model id, folder or alias; default sft/
     reward_model: str | None = None  # default: the run's rm/
+    reward: str | None = None  # None or model: the reward model; py:FILE.py:FUNCTION: the user's function
     n: str = "4,8,16,32"  # comma-separated N; the largest is sampled, smaller N are estimated
     temperature: str = "0.2,0.4,0.6,0.8,1.0,1.2"
     top_k: int = 0  # ours: plain temperature sampling, so the sweep is about temperature alone
@@ -216,6 +219,7 @@ class PassKConfig(CommonConfig):
     dataset: str = "apps"
     data_file: str | None = None
     strict: bool = False
+    reward: str | None = None  # None or apps: the tests in the sandbox; py:FILE.py:FUNCTION: the user's function
     split: str | None = None  # eval | all; default: the hub's test split, or all of a --data-file
     limit: int | None = None  # first N problems of the split
     n: int = 5  # samples per problem

@@ -129,6 +129,9 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except UserError as err:
+            details = getattr(err, "details", "")  # UserCodeError: the traceback of the user's own code
+            if details and not debug:
+                print(details, file=sys.stderr)
             fail(str(err), debug)
         except KeyboardInterrupt:
             console.print("interrupted", style="yellow")

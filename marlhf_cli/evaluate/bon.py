@@ -5,6 +5,10 @@ M = max(--n) responses, the reward model scores them, and the expected score of 
 N (for each N in --n) follows from those M scores with the unbiased estimator of
 :mod:`.estimator`: one generation per temperature, whatever the number of N.
 
+``--reward py:FILE.py:FUNCTION`` scores with the user's Python function instead of a reward
+model (:mod:`..rewards.function`; it sees each prompt's record, as in PPO), so best-of-N
+picks the response the function likes best.
+
 Sampling and scoring reuse the PPO stage's pieces, so scores are comparable with ``marlhf
 ppo``'s evaluation: prompts are encoded as in training (:func:`..train.ppo.experience.generate`,
 left-padded, mask-derived positions, plain ``logits / T`` sampling, top-k/top-p only when
@@ -27,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,6 +40,7 @@ from .. import config as config_module
 from ..artifacts import RunDir
 from ..accepts import parse_list
 from ..errors import UserError
+from ..rewards.function import FunctionReward, file_digest, is_function_spec
 from ..seeding import derived_seed
 from . import estimator, plots, tables
 
@@ -74,8 +79,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"
 
 
-def load_prompts(config, console) -> tuple[list[str], str]:
-    """Distinct prompts of the eval split, the first --max-records of them; and the source."""
+def load_prompts(config, console) -> tuple[list[str], str, dict[str, dict]]:
+    """Distinct prompts of the eval split, the first --max-records of them; the source; and
+    each prompt's (first) record, which a reward function reads its fields from."""
     from ..data import load_records
 
     from ..data.records import PROMPT_KINDS
@@ -86,10 +92,13 @@ def load_prompts(config, console) -> tuple[list[str], str]:
         console.print(result.notice, highlight=False, soft_wrap=True)
     if result.report.total_skipped:
         console.print(f"{result.source}: {result.report.summary()}", highlight=False, soft_wrap=True)
-    prompts = list(dict.fromkeys(r["prompt"] for r in result.records))[: config.max_records or None]
+    first: dict[str, dict] = {}
+    for record in result.records:
+        first.setdefault(record["prompt"], record)
+    prompts = list(first)[: config.max_records or None]
     if not prompts:
         raise UserError(f"{result.source}: the eval split has no prompts")
-    return prompts, result.source
+    return prompts, result.source, {prompt: first[prompt] for prompt in prompts}
 
 
 def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], samples: int, temperature: float) -> dict:
@@ -110,6 +119,7 @@ class Models:
     tokenizer: Any
     reward: Any  # callable(ScoringBatch) -> [B] scores
     device: Any
+    records: dict = field(default_factory=dict)  # prompt -> its record (a reward function's fields)
 
 
 class TextReward:
@@ -132,7 +142,9 @@ class TextReward:
         return (torch.tensor(scores) - self.mean) / self.std
 
 
-def load_models(config, policy: str, reward_model: str) -> Models:
+def load_models(config, policy: str, reward_model: str | None, records: dict | None = None) -> Models:
+    """The policy, and the reward: the reward model (``reward_model``), or with ``reward_model``
+    None the user's function (``--reward py:...``)."""
     import torch
 
     from ..models import load_causal_lm, load_reward_model, load_tokenizer
@@ -142,18 +154,23 @@ def load_models(config, policy: str, reward_model: str) -> Models:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(policy, padding_side="left")
     model = load_causal_lm(policy)
-    rm = load_reward_model(reward_model)
-    for net in (model, rm):
-        disable_dropout(net)
-        net.eval().requires_grad_(False).to(device)
+    disable_dropout(model)
+    model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
+    if reward_model is None:
+        from ..rewards.function import FunctionReward
+
+        return Models(model, tokenizer, FunctionReward(config.reward), device, records or {})
+    rm = load_reward_model(reward_model)
+    disable_dropout(rm)
+    rm.eval().requires_grad_(False).to(device)
     rm_tokenizer = load_tokenizer(reward_model)
     if rm_tokenizer.get_vocab() == tokenizer.get_vocab():
         reward = RewardModelReward(rm, normalize=config.normalize, batch_size=config.batch_size)
     else:
         reward = TextReward(rm, rm_tokenizer, normalize=config.normalize, max_prompt=config.max_prompt_length,
                             max_response=config.max_new_tokens + 1, batch_size=config.batch_size)  # fmt: skip
-    return Models(model, tokenizer, reward, device)
+    return Models(model, tokenizer, reward, device, records or {})
 
 
 def sample_temperature(models: Models, prompts: Sequence[str], temperature: float, samples: int, config, advance) -> list[dict]:
@@ -173,7 +190,8 @@ def sample_temperature(models: Models, prompts: Sequence[str], temperature: floa
         for start in range(0, len(rows), config.batch_size):
             part = rows[start : start + config.batch_size]
             prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(models.policy, models.tokenizer, part, settings, device=models.device)
-            batch = scoring_batch(models.tokenizer, part, [{} for _ in part], prompt_ids, prompt_mask, response_ids, mask, has_eos)
+            records = [models.records.get(prompt, {}) for prompt in part]
+            batch = scoring_batch(models.tokenizer, part, records, prompt_ids, prompt_mask, response_ids, mask, has_eos)
             scores = models.reward(batch).float().cpu().tolist()
             lengths = mask.sum(dim=1).cpu().tolist()
             for i, prompt in enumerate(part):
@@ -223,19 +241,26 @@ def run(config) -> dict[str, Any]:
     err = Console(stderr=True)
     policy, default = resolve_policy(config.policy, run_dir)
     name = _safe(config.name) if config.name else default
-    reward_model = config.reward_model or str(run_dir.require("rm"))
-    prompts, source = load_prompts(config, err)
-    expected = {t: fingerprint(config, policy, reward_model, prompts, samples, t) for t in temps}
+    function = is_function_spec(config.reward)
+    reward_model = None if function else config.reward_model or str(run_dir.require("rm"))
+    scorer = f"reward function {config.reward}" if function else f"reward model {reward_model}"
+    prompts, source, records = load_prompts(config, err)
+    if function:  # the fields it needs exist, and a changed file is not served stale scores
+        FunctionReward(config.reward).check_records(list(records.values()), f"the records of {source}")
+        scored_by = f"{config.reward}@{file_digest(config.reward)}"
+    else:
+        scored_by = reward_model
+    expected = {t: fingerprint(config, policy, scored_by, prompts, samples, t) for t in temps}
     results = {t: _cached(_cache_path(run_dir, name, t), expected[t]) for t in temps}
     todo = [t for t in temps if results[t] is None]
     err.print(
-        f"bon {name}: policy {policy}, reward model {reward_model}, {len(prompts)} prompts from {source}, "
+        f"bon {name}: policy {policy}, {scorer}, {len(prompts)} prompts from {source}, "
         f"{samples} samples per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
         + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else ""),
         highlight=False, soft_wrap=True,
     )  # fmt: skip
     if todo:
-        models = load_models(config, policy, reward_model)
+        models = load_models(config, policy, reward_model, records)
         progress = Progress(
             TextColumn("[bold]bon[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("<"),
             TimeRemainingColumn(), TextColumn("{task.fields[live]}"), console=err,
@@ -248,7 +273,7 @@ def run(config) -> dict[str, Any]:
                 artifacts.write_json(_cache_path(run_dir, name, t), {"fingerprint": expected[t], "temperature": t, "rows": results[t]})
     summary = {t: summarize_temperature(results[t], ns) for t in temps}
     curves = {t: summary[t]["best_of"] for t in temps}
-    label = "normalised reward-model score" if config.normalize else "reward-model score"
+    label = "reward-function score" if function else "normalised reward-model score" if config.normalize else "reward-model score"
     plot = plots.best_of_n(curves, run_dir.plot_path(f"bon-{name}"), f"best of N: {name}", ylabel=label)
     best_rows = []
     for t in temps:
@@ -258,7 +283,8 @@ def run(config) -> dict[str, Any]:
     best_path = artifacts.write_jsonl(run_dir.path("bon", f"{name}-best.jsonl"), best_rows)
     best = {str(n): max(temps, key=lambda t: curves[t][n]["mean"]) for n in ns}
     report = {
-        "name": name, "policy": policy, "reward_model": reward_model, "source": source, "prompts": len(prompts),
+        "name": name, "policy": policy, "reward_model": reward_model, "reward": config.reward or "model",
+        "source": source, "prompts": len(prompts),
         "samples_per_prompt": samples, "n": ns, "temperatures": temps, "normalized": config.normalize,
         "estimator": "unbiased expected maximum of N of M samples without replacement (marlhf_cli.evaluate.estimator)",
         "results": {f"{t:g}": {**summary[t], "best_of": {str(n): v for n, v in summary[t]["best_of"].items()}} for t in temps},
@@ -272,6 +298,7 @@ def run(config) -> dict[str, Any]:
     metrics = {f"best_of_{n}": max(curves[t][n]["mean"] for t in temps) for n in ns} | {"best_temperature": float(best[top_n])}
     run_dir.record_stage(
         f"bon/{name}", config=config_module.to_dict(config),
-        inputs={"policy": policy, "reward_model": reward_model, "source": source, "prompts": len(prompts)}, metrics=metrics,
+        inputs={"policy": policy, "reward_model": reward_model, "reward": config.reward or "model", "source": source,
+                "prompts": len(prompts)}, metrics=metrics,
     )  # fmt: skip
     return report

@@ -16,6 +16,7 @@ Model = Annotated[Optional[str], _opt("--model", "Model that writes the programs
 Name = Annotated[Optional[str], _opt("--name", "Result name: passk/<name>.json and passk/<name>-samples.jsonl. [default: from --model, e.g. sft or ppo-<name>]")]
 Dataset = Annotated[Optional[str], _opt("--dataset", "Problems: apps (codeparrot/apps, or the embedded sample offline), or a local .jsonl in APPS's shape. [default: apps]")]
 DataFile = Annotated[Optional[str], _opt("--data-file", "A local JSON Lines file of APPS-style problems: the hub's rows, or question/inputs/outputs/difficulty (+ fn_name) as plain JSON values.")]
+Reward = Annotated[Optional[str], _opt("--reward", "apps (run each program on the problem's tests in the sandbox) or py:FILE.py:FUNCTION: your Python function (TRL's reward_funcs convention, your own code, not sandboxed) scores every response of any prompt dataset; a response passes when it scores 1.0 or more, and the table adds the mean score. [default: apps]")]
 Split = Annotated[Optional[str], _opt("--split", "eval (the hub's test split, or the held-out 10% of a file) or all. [default: eval for the hub, all for --data-file]")]
 Limit = Annotated[Optional[int], _opt("--limit", "Evaluate the first P problems of the split only.")]
 N = Annotated[Optional[int], _opt("--n", "Programs sampled per problem (at least the largest k). [default: 5]")]

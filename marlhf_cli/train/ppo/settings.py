@@ -14,6 +14,7 @@ from ... import engine as eng
 from ...artifacts import RunDir
 from ...errors import UserError
 from ...macro.segmentation import missing_parser
+from ...rewards.function import is_function_spec
 from . import credit
 from .rewards import RewardFn
 
@@ -86,23 +87,25 @@ def describe(config, rule) -> str:
 
 
 def reward_kind(config) -> str:
-    """``--reward``, or by default ``apps`` for the APPS dataset (its reward is the tests'
-    outcome, docs/method.md "Program rewards") and ``model`` (the reward model) for everything else."""
+    """``model``, ``apps`` or ``function`` (``--reward py:FILE.py:FUNCTION``); by default
+    ``apps`` for the APPS dataset (its reward is the tests' outcome, docs/method.md "Program
+    rewards") and ``model`` (the reward model) for everything else."""
     if config.reward:
-        return config.reward
+        return "function" if is_function_spec(config.reward) else config.reward
     return "apps" if config.dataset == "apps" else "model"
 
 
 def model_sources(config, run_dir: RunDir) -> tuple[str, str]:
     """(policy, critic source): the flags, else the run's sft/ and rm/ (or a 'run X first' error).
 
-    With ``--reward apps`` there is no reward model: the critic starts from the policy
-    (docs/method.md "Program rewards") unless ``--reward-model`` names one.
+    With ``--reward apps`` or a Python function there is no reward model: the critic starts
+    from the policy (docs/method.md "Program rewards") unless ``--reward-model`` names one,
+    and no rm/ is needed.
     """
     policy = str(config.policy) if config.policy else str(run_dir.require("sft"))
     if config.reward_model:
         return policy, str(config.reward_model)
-    if reward_kind(config) == "apps":
+    if reward_kind(config) in ("apps", "function"):
         return policy, policy
     return policy, str(run_dir.require("rm"))
 
@@ -113,6 +116,10 @@ def make_reward(config) -> RewardFn | None:
         from ...rewards.apps import AppsReward
 
         return AppsReward()  # the compiler signal: run the response against the problem's tests
+    if reward_kind(config) == "function":
+        from ...rewards.function import FunctionReward
+
+        return FunctionReward(config.reward)  # the user's own function (rewards/function.py)
     return None
 
 
