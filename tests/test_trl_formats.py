@@ -77,6 +77,14 @@ def test_require_names_what_the_file_holds_and_what_the_stage_needs(text_file):
         "rm needs preference pairs (prompt/chosen/rejected)"
     )
     assert result.require("sft", sft.KINDS) is result
+    # a demonstrations file given to rm used to end in a KeyError ('rejected') traceback
+    messages = write_jsonl(text_file.parent / "m.jsonl", [{"messages": [{"role": "user", "content": "Hi"},
+                                                                        {"role": "assistant", "content": "Hello"}]}])  # fmt: skip
+    with pytest.raises(UserError, match=r"holds demonstrations \(prompt and a target response\): rm needs preference pairs"):
+        load_records(str(messages)).require("rm", ("preference",))
+    prompts = write_jsonl(text_file.parent / "p.jsonl", [{"prompt": "Q?"}])
+    with pytest.raises(UserError, match=r"holds prompts alone \(TRL's prompt-only rows\): sft needs preference pairs"):
+        load_records(str(prompts)).require("sft", sft.KINDS)
 
 
 # ---------------------------------------------------------------------------------------
