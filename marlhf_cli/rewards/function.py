@@ -105,8 +105,10 @@ def load_function(text: str, flag: str = "--reward") -> Callable[..., Any]:
         _MODULES[key] = module
     function = getattr(module, spec.name, None)
     if function is None:
-        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
-        raise UserError(f"{flag} {text}: {spec.path} defines no '{spec.name}'" + (f" (its functions: {', '.join(defined)})" if defined else ""))
+        own = [name for name, value in vars(module).items()
+               if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__]  # fmt: skip
+        listed = f" (its functions: {', '.join(sorted(own))})" if own else ""
+        raise UserError(f"{flag} {text}: {spec.path} defines no '{spec.name}'{listed}")
     if not callable(function):
         raise UserError(f"{flag} {text}: '{spec.name}' in {spec.path} is a {type(function).__name__}, not a function")
     return function
@@ -153,15 +155,18 @@ class FunctionReward:
         self.function = function if function is not None else load_function(spec)
         self.name = spec
         self.nones = 0
-        signature = inspect.signature(self.function)
-        parameters = signature.parameters.values()
-        self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-        named = [p for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        # which keyword arguments it takes: all (**kwargs), or the ones it names
+        kind = inspect.Parameter
+        parameters = inspect.signature(self.function).parameters.values()
+        self.takes_all = any(p.kind is kind.VAR_KEYWORD for p in parameters)
+        named = [p for p in parameters if p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)]
         self.accepted = {p.name for p in named}
-        self.required = [p.name for p in named if p.default is inspect.Parameter.empty]
-        positional_only = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is inspect.Parameter.empty]
-        if positional_only:
-            raise UserError(f"--reward {spec}: its arguments are passed by name; {', '.join(positional_only)} can only be passed by position")
+        self.required = [p.name for p in named if p.default is kind.empty]
+        by_position = [p.name for p in parameters if p.kind is kind.POSITIONAL_ONLY and p.default is kind.empty]
+        if by_position:
+            raise UserError(
+                f"--reward {spec}: its arguments are passed by name; {', '.join(by_position)} can only be passed by position"
+            )
 
     def check_records(self, records: Sequence[Mapping[str, Any]], source: str = "the records") -> None:
         """A one-line error when the function requires an argument neither marlhf nor any record gives."""

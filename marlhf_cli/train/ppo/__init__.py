@@ -132,7 +132,10 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
             if config.save_every and done % config.save_every == 0 and not final:
                 save(ctx, root, done, checkpoint_state)
                 saved = done
-    except UserError as error:  # the reward function failed, on every process (stopping.agree)
+    except UserError as error:
+        if not stopping.stopped_everywhere(error):
+            raise
+        # the reward failed while scoring, and every process knows (stopping.agree)
         error = stopping.stop(ctx, error, root, completed, saved, checkpoint_state)
         common.record(run_dir, stage_key, config, inputs, None, status="failed")
         eng.barrier()  # no process exits (and gets the others killed by torchrun) before run.json says so

@@ -31,10 +31,15 @@ def agree(error: UserError | None) -> None:
         import torch
 
         failed = float(eng.all_reduce_sum(torch.tensor([1.0 if failed else 0.0], dtype=torch.float64))[0]) > 0
-    if error is not None:
-        raise error
     if failed:
-        raise UserError("the reward failed on another process (its error is printed above)")
+        error = error or UserError("the reward failed on another process (its error is printed above)")
+        error.every_process = True  # what run() stops on (stop): no process is left behind
+        raise error
+
+
+def stopped_everywhere(error: BaseException) -> bool:
+    """Whether ``error`` came through :func:`agree`, so every process is handling it."""
+    return getattr(error, "every_process", False)
 
 
 def stop(ctx: Any, error: UserError, root: Path, completed: int, saved: int, state: dict) -> UserError:
