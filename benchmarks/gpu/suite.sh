@@ -85,19 +85,19 @@ tests_stage() {
 }
 
 speed_stage() {
-    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} plan model warmup row
+    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} plan model warmup tokens row
     # shape|step_cost limit|rounds|rules|vs_trl limit|rounds|steps
     if [ "$DEVICE" = cuda ]; then
         plan=("smollm2-135m|110|2|fixed 5,fixed inf,randomized,ppl,code|130|2|8" "smollm2-1.7b|120|1|fixed 5|150|1|6")
-        model=random: warmup=2
+        model=random: warmup=2 tokens=64
     else  # the dry run: the tiny model, one shape, a few steps
         plan=("tiny|120|1|fixed 5|120|1|3")
-        model="" warmup=1
+        model="" warmup=1 tokens=16
     fi
     for row in "${plan[@]}"; do
         IFS='|' read -r shape cost_limit rounds rules trl_limit trl_rounds steps <<<"$row"
         part "step_cost $shape" "$cost_limit" "$PYTHON" benchmarks/step_cost.py --model "$model$shape" \
-            --device "$DEVICE" --dtype bf16 --rounds "$rounds" --rules "$rules" --batch 8 --new-tokens 64 \
+            --device "$DEVICE" --dtype bf16 --rounds "$rounds" --rules "$rules" --batch 8 --new-tokens "$tokens" \
             --threads "$THREADS" --flops --json "$OUT/step_cost-$shape.json"
         if "$trl_python" -c "import trl" 2>/dev/null; then
             part "vs_trl $shape" "$trl_limit" "$PYTHON" benchmarks/vs_trl.py --model "$model$shape" --device "$DEVICE" \
