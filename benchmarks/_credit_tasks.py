@@ -69,7 +69,7 @@ class TaskReward:
             raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         self.task = task
         self.name = f"task {task}"
-        self.classes = token_classes(load_causal_lm(model).get_input_embeddings().weight.detach())
+        self.classes = token_classes(load_causal_lm(model).get_input_embeddings().weight.detach().cpu())
         self.eos_token_id = load_tokenizer(model).eos_token_id
 
     def __call__(self, batch) -> torch.Tensor:

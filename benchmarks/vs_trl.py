@@ -223,6 +223,13 @@ def main() -> None:
     print(H.machine_line(args))
     work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-"))
     info = prepare(work, args)
+    if args.device == "cuda":  # random: models are built on the GPU; leave its memory to the workers
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
     tools = TOOLS[:2] if args.no_shipped else TOOLS
     print(f"# prompts from {info['source']}")
     print(f"# {args.model or 'random-init Llama'}, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "

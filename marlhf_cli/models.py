@@ -240,12 +240,17 @@ def _dtype(dtype: str | None):
     return {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 
-def _random_init(model_class, tokenizer, seed: int, **config_overrides):
+def _random_init(model_class, name: str, seed: int, **config_overrides):
     import torch
 
-    config = tiny_config(tokenizer, **config_overrides)
-    # fork the RNG so building a model does not shift the caller's random stream
-    with torch.random.fork_rng(devices=[]):
+    config = tiny_config(load_tokenizer(name), **random_arch(name), **config_overrides)
+    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    # SmolLM2's shapes are built on the GPU where there is one: a CPU draws a 1.7B model's
+    # random numbers in half a minute or more, a GPU at once (same seed, another generator, so
+    # other weights than a CPU's). 'tiny' is built on the CPU everywhere, the same model.
+    device = torch.device("cuda") if gpus and name.startswith(RANDOM_PREFIX) else torch.device("cpu")
+    # fork the RNGs so building a model does not shift the caller's random streams
+    with torch.random.fork_rng(devices=gpus), device:
         torch.manual_seed(seed)
         return model_class(config)
 
@@ -255,9 +260,8 @@ def load_causal_lm(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SE
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     _quiet_transformers()
-    arch = random_arch(name)
-    if arch is not None:
-        return _random_init(LlamaForCausalLM, load_tokenizer(name), seed, **arch).to(_dtype(dtype))
+    if random_arch(name) is not None:
+        return _random_init(LlamaForCausalLM, name, seed).to(_dtype(dtype))
     return from_hub_or_path(AutoModelForCausalLM.from_pretrained, resolve_model_path(name), "model", dtype=_dtype(dtype))
 
 
@@ -270,9 +274,8 @@ def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY
     from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
 
     _quiet_transformers()
-    arch = random_arch(name)
-    if arch is not None:
-        model = _random_init(LlamaForSequenceClassification, load_tokenizer(name), seed, num_labels=1, **arch)
+    if random_arch(name) is not None:
+        model = _random_init(LlamaForSequenceClassification, name, seed, num_labels=1)
         return model.to(_dtype(dtype))
     model = from_hub_or_path(
         AutoModelForSequenceClassification.from_pretrained, resolve_model_path(name), "reward model",
