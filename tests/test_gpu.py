@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _toy_prefs import write_toy_preferences
+from _toy_prefs import sft_then_rm, write_toy_preferences
 from marlhf_cli import config as config_module
 from marlhf_cli.artifacts import read_jsonl
 
@@ -41,20 +41,7 @@ def toy(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, toy) -> Path:
     """``marlhf sft`` then ``marlhf rm`` in bf16 on the toy preferences, as a user runs them."""
-    from typer.testing import CliRunner
-
-    from marlhf_cli.cli import app
-
-    run_dir = tmp_path_factory.mktemp("run")
-    common = ["--dataset", str(toy), "--run-dir", str(run_dir), "--max-prompt-length", "32", "--dtype", "bf16",
-              "--max-response-length", "16", "--save-every", "0", "--eval-records", "20"]  # fmt: skip
-    sft = CliRunner().invoke(app, ["sft", "--model", "tiny", *common, "--batch-size", "4", "--max-steps", "8",
-                                   "--lr", "2e-3", "--eval-every", "4"])  # fmt: skip
-    assert sft.exit_code == 0, sft.output
-    reward = CliRunner().invoke(app, ["rm", *common, "--batch-size", "8", "--max-steps", "16", "--lr", "2e-3",
-                                      "--eval-every", "8"])  # fmt: skip
-    assert reward.exit_code == 0, reward.output
-    return run_dir
+    return sft_then_rm(tmp_path_factory.mktemp("run"), toy, "--dtype", "bf16")
 
 
 def _used_the_gpu() -> None:
