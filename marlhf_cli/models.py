@@ -244,7 +244,7 @@ def _random_init(model_class, name: str, seed: int, **config_overrides):
     import torch
 
     config = tiny_config(load_tokenizer(name), **random_arch(name), **config_overrides)
-    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    gpus = [torch.cuda.current_device()] if torch.cuda.is_available() else []  # this process's GPU
     # SmolLM2's shapes are built on the GPU where there is one: a CPU draws a 1.7B model's
     # random numbers in half a minute or more, a GPU at once (same seed, another generator, so
     # other weights than a CPU's). 'tiny' is built on the CPU everywhere, the same model.
