@@ -16,6 +16,7 @@ Model = Annotated[Optional[str], _opt("--model", "Model that writes the programs
 Name = Annotated[Optional[str], _opt("--name", "Result name: passk/<name>.json and passk/<name>-samples.jsonl. [default: from --model, e.g. sft or ppo-<name>]")]
 Dataset = Annotated[Optional[str], _opt("--dataset", "Problems: apps (codeparrot/apps, or the embedded sample offline), or a local .jsonl in APPS's shape. [default: apps]")]
 DataFile = Annotated[Optional[str], _opt("--data-file", "A local JSON Lines file of APPS-style problems: the hub's rows, or question/inputs/outputs/difficulty (+ fn_name) as plain JSON values.")]
+ChatTemplate = Annotated[Optional[str], _opt("--chat-template", "APPS prompts are plain text and keep their format under auto and none; a Jinja template FILE renders each as one user turn, and sampling also stops at the template's end-of-turn token. [default: auto]")]
 Split = Annotated[Optional[str], _opt("--split", "eval (the hub's test split, or the held-out 10% of a file) or all. [default: eval for the hub, all for --data-file]")]
 Limit = Annotated[Optional[int], _opt("--limit", "Evaluate the first P problems of the split only.")]
 N = Annotated[Optional[int], _opt("--n", "Programs sampled per problem (at least the largest k). [default: 5]")]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ... import engine as eng
+from ...chat import ChatFormat
 from ...errors import UserError
 from .. import loop
 from . import credit
@@ -55,6 +56,7 @@ class Context:
     schedule: PromptSchedule
     rollout: RolloutSettings
     update: UpdateSettings
+    chat: ChatFormat  # how a record's prompt becomes text (--chat-template)
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
 
     @property
@@ -67,9 +69,11 @@ def make_context(config, models: Models, records: Sequence[dict]) -> Context:
     micro = micro_batch(config)
     # GRPO puts the KL to the reference in the loss (beta * k3), not in the reward
     kl_in_loss = config.advantage == "grpo"
-    rollout = RolloutSettings.from_config(config, forward_batch_size=micro)
+    # a chat template's end-of-turn token ends a response as EOS does
+    chat = ChatFormat(models.tokenizer, config.chat_template)
+    rollout = RolloutSettings.from_config(config, forward_batch_size=micro, stop_token_ids=chat.stop_ids)
     return Context(
-        config=config, models=models, rule=credit.make_rule(config),
+        config=config, models=models, rule=credit.make_rule(config), chat=chat,
         schedule=PromptSchedule(records, config.rollout_batch_size, config.seed),
         rollout=dataclasses.replace(rollout, kl_coef=0.0) if kl_in_loss else rollout,
         update=UpdateSettings(
