@@ -121,6 +121,11 @@ class ChatFormat:
         """Whether ``record`` is rendered with the template (else: its own strings)."""
         return self.template is not None and ("conversation" in record or self.plain_too)
 
+    def note(self, records: Sequence[dict]) -> str | None:
+        """:meth:`describe` when the template renders these records (their first), else None:
+        plain-text data needs no word."""
+        return self.describe() if records and self.applies(records[0]) else None
+
     def describe(self) -> str:
         """One line for the start-up message and run.json."""
         if self.template is None:

@@ -142,7 +142,8 @@ def run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
-    common.say(chat.describe())
+    if note := chat.note(train.records):  # plain-text data needs no word
+        common.say(note)
     task, identical = build_task(config, tokenizer, train.records, held_out.records, chat)
     if identical:
         common.say(f"left out {identical} pairs whose responses are identical after truncation to {config.max_response_length} tokens")

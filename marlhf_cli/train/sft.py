@@ -154,7 +154,8 @@ def run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
-    common.say(chat.describe())
+    if note := chat.note(train.records):  # plain-text data needs no word
+        common.say(note)
     task = build_task(config, tokenizer, train.records, held_out.records, chat)
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
     model = load_causal_lm(config.model, dtype="fp32")
