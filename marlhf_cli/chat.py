@@ -301,7 +301,7 @@ def preview(config: Any, stage: str) -> str:
         if label in shown:
             after = f" (then {shown['end']})" if label == "response" else ""
             lines.append(f"# {label}{after}:")
-            lines += [f"#   {line}" for line in shown[label].split("\n")]
+            lines += [f"#   {line}".rstrip() for line in shown[label].split("\n")]
     return "\n".join(lines) + "\n"
 
 
