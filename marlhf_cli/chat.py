@@ -101,7 +101,8 @@ class ChatFormat:
         if value == NONE:
             self.template, self.source = None, "none"
         elif value == AUTO:
-            self.template = getattr(tokenizer, "chat_template", None) or None
+            # get_chat_template: the default one of a tokenizer that names several
+            self.template = tokenizer.get_chat_template() if getattr(tokenizer, "chat_template", None) else None
             self.source = "the tokenizer's" if self.template else "none (the tokenizer has no chat template)"
         else:
             self.template, self.source = _read(value), value

@@ -173,6 +173,26 @@ def test_a_template_file_applies_to_plain_text_records_too(tokenizer, tmp_path):
     assert rm.encode_pair(tokenizer, standard, 512, 512, chat)["chosen"] == PROMPT_IDS + PARIS + [IM_END]
 
 
+def test_auto_without_a_tokenizer_template_keeps_the_transcript(tokenizer, tmp_path):
+    import copy
+
+    bare = copy.deepcopy(tokenizer)
+    bare.chat_template = None
+    record = one_record(tmp_path, ROWS["conversational"])
+    auto = ChatFormat(bare, "auto")
+    assert not auto.applies(record) and "no chat template" in auto.describe()
+    assert sft.encode_rendered(bare, auto.render(record, "chosen"), 512, 512)["input_ids"] == TRANSCRIPT_IDS + SPACE_PARIS + [IM_END]
+
+
+def test_conversations_sharing_no_prompt_get_an_empty_user_turn(tokenizer, tmp_path):
+    """Templates cannot render an empty conversation: TRL rows whose two sides share no
+    leading message are answered after an empty user turn."""
+    record = one_record(tmp_path, {"chosen": [GOOD], "rejected": [BAD]})
+    rendered = ChatFormat(tokenizer, "auto").render(record, "rejected")
+    assert rendered.prompt == SYSTEM + "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered.response == "London."
+
+
 # ---------------------------------------------------------------------------------------
 # template files, good and bad
 
