@@ -56,8 +56,12 @@ class Context:
     schedule: PromptSchedule
     rollout: RolloutSettings
     update: UpdateSettings
-    chat: ChatFormat  # how a record's prompt becomes text (--chat-template)
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
+    chat: ChatFormat | None = None  # how a record's prompt becomes text; None: from --chat-template
+
+    def __post_init__(self):
+        if self.chat is None:
+            self.chat = ChatFormat(self.models.tokenizer, self.config.chat_template)
 
     @property
     def critic_free(self) -> bool:
