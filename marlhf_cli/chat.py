@@ -64,13 +64,19 @@ class Rendered:
 def check_template_file(value: str) -> None:
     """``--chat-template FILE``: a readable, non-empty Jinja template, or a one-line error.
 
-    Compiled with transformers' own template compiler, the one that renders it later.
+    Compiled with transformers' own template compiler (its tags included), the one that
+    renders it later; should that private function move, the check is left to rendering,
+    whose errors are one line too.
     """
     if value in (AUTO, NONE):
         return
     text = _read(value)
     import jinja2
-    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return
 
     try:
         _compile_jinja_template(text)
@@ -128,7 +134,7 @@ class ChatFormat:
         return self.describe() if records and self.applies(records[0]) else None
 
     def describe(self) -> str:
-        """One line for the start-up message and run.json."""
+        """One line for the start-up message: which template, on what, ending turns how."""
         if self.template is None:
             return f"chat template: {self.source}"
         end = self.tokenizer.convert_ids_to_tokens(self.end_id)
