@@ -222,6 +222,10 @@ def check_fields(config: Any, names: Iterable[str], stage: str | None = None) ->
 def validate(stage: str, config: Any) -> None:
     """One-line errors for option values no run of ``stage`` can use (see ACCEPTS)."""
     check_fields(config, [f.name for f in fields(config)], stage)
+    if getattr(config, "chat_template", None) is not None:
+        from .chat import check_template_file
+
+        check_template_file(config.chat_template)
     if isinstance(getattr(config, "dataset", None), str):
         from .data.loader import check_source
 

@@ -194,6 +194,7 @@ def bon(
     dataset: flags.DatasetOption = None,
     data_file: flags.DataFileOption = None,
     strict: flags.StrictOption = None,
+    chat_template: flags.ChatTemplateOption = None,
     max_records: eval_flags.BonMaxRecords = None,
     top_k: eval_flags.BonTopK = None,
     top_p: eval_flags.BonTopP = None,
@@ -214,7 +215,7 @@ def bon(
     config = options.resolve_config(
         "bon",
         name=name, policy=policy, reward_model=reward_model, reward=reward, n=n, temperature=temperature, dataset=dataset,
-        data_file=data_file, strict=strict, max_records=max_records, top_k=top_k, top_p=top_p,
+        data_file=data_file, strict=strict, chat_template=chat_template, max_records=max_records, top_k=top_k, top_p=top_p,
         max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
         normalize=normalize, **shared,
     )
@@ -246,6 +247,7 @@ def judge(
     max_prompt_length: eval_flags.JudgeMaxPrompt = None,
     max_response_length: eval_flags.JudgeMaxResponse = None,
     batch_size: eval_flags.JudgeBatch = None,
+    chat_template: eval_flags.JudgeChatTemplate = None,
     strict: flags.StrictOption = None,
     name: eval_flags.JudgeName = None,
     **shared: Any,
@@ -266,7 +268,7 @@ def judge(
         template=template, both_orders=both_orders, sample=sample, concurrency=concurrency, timeout=timeout,
         max_retries=max_retries, retry_wait=retry_wait, max_tokens=max_tokens, rm_judge=rm_judge,
         reward_model=reward_model, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
-        batch_size=batch_size, strict=strict, **shared,
+        batch_size=batch_size, chat_template=chat_template, strict=strict, **shared,
     )
     from .evaluate import judge as stage
     outcome = stage.run(config, file_a, file_b)
@@ -284,6 +286,7 @@ def passk(
     data_file: passk_flags.DataFile = None,
     strict: flags.StrictOption = None,
     reward: passk_flags.Reward = None,
+    chat_template: passk_flags.ChatTemplate = None,
     split: passk_flags.Split = None,
     limit: passk_flags.Limit = None,
     n: passk_flags.N = None,
@@ -310,7 +313,8 @@ def passk(
     """
     config = options.resolve_config(
         "passk",
-        model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, reward=reward, split=split, limit=limit,
+        model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, reward=reward,
+        chat_template=chat_template, split=split, limit=limit,
         n=n, k=k, temperature=temperature, top_k=top_k, top_p=top_p, max_prompt_length=max_prompt_length,
         max_new_tokens=max_new_tokens, batch_size=batch_size, time_limit=time_limit, memory_mb=memory_mb,
         workers=workers, max_tests=max_tests, dtype=dtype, **shared,

@@ -50,6 +50,7 @@ class DataConfig:
     data_file: str | None = None  # a local file in the named dataset's format (e.g. Anthropic's raw HH files)
     strict: bool = False  # any bad row is an error instead of being skipped and counted
     max_records: int | None = None  # cap on records read (quick runs)
+    chat_template: str = "auto"  # auto | none | a Jinja file (marlhf_cli.chat)
 
 
 @dataclass
@@ -204,6 +205,7 @@ class JudgeConfig(CommonConfig):
     max_tokens: int = 512
     rm_judge: bool = False  # --rm: the reward model judges too (higher score wins)
     reward_model: str | None = None  # default: the run's rm/
+    chat_template: str = "auto"  # how --rm renders a sample's conversation (marlhf_cli.chat)
     max_prompt_length: int = 512
     max_response_length: int = 512
     batch_size: int = 8
@@ -220,6 +222,7 @@ class PassKConfig(CommonConfig):
     data_file: str | None = None
     strict: bool = False
     reward: str | None = None  # None or apps: the tests in the sandbox; py:FILE.py:FUNCTION: the user's function
+    chat_template: str = "auto"  # auto | none | FILE (marlhf_cli.chat): conversational prompts get the template
     split: str | None = None  # eval | all; default: the hub's test split, or all of a --data-file
     limit: int | None = None  # first N problems of the split
     n: int = 5  # samples per problem

@@ -47,6 +47,7 @@ BAD_TEXT = {
     "--n": "0",  # segment and ppo: a segment length; bon: a list of N
     "--k": "0,1",
     "--temperature": "0",  # bon: a list of temperatures
+    "--chat-template": "no-such-template.jinja",  # auto, none or a file
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [

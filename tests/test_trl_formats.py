@@ -45,7 +45,9 @@ def test_prompt_only_rows_keep_their_other_columns(tmp_path):
     assert (result.variant, result.kind) == ("prompt-only", "prompt")
     assert result.records == [
         {"prompt": "What is 2+2?", "columns": {"answer": "4", "id": 7}},
-        {"prompt": "\n\nHuman: Hi\n\nAssistant:", "columns": {"answer": "hello"}},
+        # a conversation keeps its turns too, for the chat template (marlhf_cli.chat)
+        {"prompt": "\n\nHuman: Hi\n\nAssistant:", "conversation": {"prompt": [{"role": "user", "content": "Hi"}]},
+         "columns": {"answer": "hello"}},
     ]
 
 
@@ -119,6 +121,8 @@ def test_sft_trains_on_a_text_file_end_to_end(tmp_path, text_file):
     assert (run_dir / "sft" / "config.json").is_file()
     stage = json.loads((run_dir / "run.json").read_text())["stages"]["sft"]
     assert stage["status"] == "finished" and stage["inputs"]["train_records"] > 0
+    # run.json shows a text record as it is trained: no template applies to it
+    assert set(stage["inputs"]["chat_template"]) == {"template", "text"}
     evals = [r for r in read_jsonl(run_dir / "metrics" / "sft.jsonl") if r["split"] == "eval"]
     held_out = load_records(str(text_file), split="eval").records
     from marlhf_cli.models import load_tokenizer

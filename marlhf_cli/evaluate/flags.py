@@ -50,3 +50,4 @@ JudgeRewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model
 JudgeMaxPrompt = Annotated[Optional[int], _opt("--max-prompt-length", "Prompt tokens the reward model reads (--rm). [default: 512]")]
 JudgeMaxResponse = Annotated[Optional[int], _opt("--max-response-length", "Response tokens the reward model reads (--rm). [default: 512]")]
 JudgeBatch = Annotated[Optional[int], _opt("--batch-size", "Sequences per reward-model forward (--rm). [default: 8]")]
+JudgeChatTemplate = Annotated[Optional[str], _opt("--chat-template", "How --rm renders a sample whose row carries its conversation (marlhf ppo writes it for conversational data): auto (the reward model's tokenizer's chat template), none (the Human:/Assistant: transcript), or a Jinja template FILE (every sample). Use what 'marlhf rm' used. [default: auto]")]

@@ -86,8 +86,9 @@ def problem_ids(records: Sequence[dict]) -> list[str]:
     return ids
 
 
-def sample_responses(model, tokenizer, device, prompts: Sequence[str], config):
-    """Yield (start, responses, token ids of each) per batch of ``config.batch_size`` sequences, in order."""
+def sample_responses(model, tokenizer, device, prompts: Sequence[str], config, stop_token_ids: Sequence[int] = ()):
+    """Yield (start, responses, token ids of each) per batch of ``config.batch_size`` sequences,
+    in order; a response ends at EOS or any of ``stop_token_ids`` (a chat template's end of turn)."""
     import torch
 
     from ..train.ppo.experience import RolloutSettings, decode_responses, generate
@@ -95,6 +96,7 @@ def sample_responses(model, tokenizer, device, prompts: Sequence[str], config):
     settings = RolloutSettings(
         temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
         max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
+        stop_token_ids=tuple(stop_token_ids),
     )  # fmt: skip
     for start in range(0, len(prompts), config.batch_size):
         part = list(prompts[start : start + config.batch_size])
@@ -139,6 +141,7 @@ def run(config) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..chat import ChatFormat
     from ..evaluate.bon import resolve_policy
     from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
@@ -168,8 +171,9 @@ def run(config) -> dict[str, Any]:
     model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
 
+    chat = ChatFormat(tokenizer, config.chat_template)  # APPS prompts are plain text: only a template FILE applies
     owners = [i for i in range(len(records)) for _ in range(config.n)]
-    prompts = [records[i]["prompt"] for i in owners]
+    prompts = [chat.prompt(records[i]) for i in owners]
     responses: list[str] = [""] * len(prompts)
     results: list[apps.ProgramResult | None] = [None] * len(prompts)
     scores: list[float] = [0.0] * len(prompts)  # a reward function's, when it judges
@@ -195,7 +199,7 @@ def run(config) -> dict[str, Any]:
             pending = []
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(derived_seed(config.seed, STAGE))
-                for start, texts, token_ids in sample_responses(model, tokenizer, device, prompts, config):
+                for start, texts, token_ids in sample_responses(model, tokenizer, device, prompts, config, chat.stop_ids):
                     responses[start : start + len(texts)] = texts
                     if function is not None:  # here, in order: the user's function need not be thread-safe
                         end = start + len(texts)
@@ -252,7 +256,7 @@ def run(config) -> dict[str, Any]:
     run_dir.record_stage(
         f"{STAGE}/{name}", config=config_module.to_dict(config),
         inputs={"model": policy, "dataset": config.dataset, "data_file": config.data_file, "source": loaded.source,
-                "problems": len(records)},
+                "problems": len(records), "chat_template": chat.example(records)},
         metrics={f"pass@{k}": overall[f"pass@{k}"] for k in ks} | {"mean_reward": payload["mean_reward"]},
     )  # fmt: skip
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)

@@ -30,6 +30,10 @@ StrictOption = Annotated[
     typer.Option("--strict/--no-strict", help="Stop at the first bad row instead of skipping and counting it. [default: no-strict]", show_default=False),
 ]
 MaxRecordsOption = Annotated[Optional[int], _opt("--max-records", "Use at most this many training records (quick runs).")]
+ChatTemplateOption = Annotated[
+    Optional[str],
+    _opt("--chat-template", "How records become text: auto (the tokenizer's chat template on conversational data, i.e. a TRL file's message lists; plain-text datasets keep their format), none (the Human:/Assistant: transcript), or a Jinja template FILE (applied to every record, a plain prompt as one user turn). Responses end with the template's end-of-turn token, where sampling stops and the reward is read. [default: auto]"),
+]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
 ]
@@ -154,7 +158,10 @@ Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --comp
 # ---------------------------------------------------------------------------------------
 # groups a command takes whole (marlhf_cli.options.with_flags)
 
-DATA = {"dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption}
+DATA = {
+    "dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
+    "chat_template": ChatTemplateOption,
+}  # fmt: skip
 TRAINING = {  # sft and rm
     "lr": LrOption, "batch_size": BatchSizeOption, "epochs": EpochsOption, "max_steps": MaxStepsOption,
     "max_prompt_length": MaxPromptOption, "max_response_length": MaxResponseOption,

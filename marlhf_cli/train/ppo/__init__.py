@@ -181,7 +181,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     try:
         experience = make_experience(
             models.actor, models.reference, models.critic, models.reward, models.tokenizer,
-            [r["prompt"] for r in records], records, ctx.rollout,
+            [ctx.chat.prompt(r) for r in records], records, ctx.rollout,
             device=models.device, sampler=models.sampler.model(), on_sampled=start_segmentation,
         )  # fmt: skip
     except UserError as error:  # a user's reward function failed: before this step's update
@@ -249,6 +249,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
     config, models = ctx.config, ctx.models
     what_runs = describe(config, ctx.rule)
     common.say(f"ppo '{name}': {what_runs}")
+    common.say(ctx.chat.describe())
     k = group_size(config)
     per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
     common.say(
@@ -261,7 +262,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
         "policy": policy, "reward_model": reward_model, "reward": models.reward.name, "dataset": config.dataset,
         "data_file": config.data_file, "source": prompts.source, "prompts": len(prompts.records),
         "eval_prompts": eval_prompts, "processes": eng.world_size(), "credit_assignment": what_runs,
-        "responses_per_step": responses_per_step(config),
+        "responses_per_step": responses_per_step(config), "chat_template": ctx.chat.example(ctx.schedule.records),
     }  # fmt: skip
     common.record(run_dir, stage_key, config, inputs, None, status="running")
     return inputs
