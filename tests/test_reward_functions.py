@@ -212,6 +212,8 @@ def test_a_function_without_kwargs_gets_only_what_it_names(rewards):
 def test_record_fields_are_all_but_the_prompt_and_the_columns_flattened():
     assert record_fields({"prompt": "p", "chosen": "c", "rejected": "r"}) == {"chosen": "c", "rejected": "r"}
     assert record_fields({"prompt": "p", "columns": {"answer": 4}}) == {"answer": 4}
+    turns = {"prompt": [{"role": "user", "content": "p"}]}  # the chat template's copy of the prompt
+    assert record_fields({"prompt": "p", "conversation": turns, "columns": {"answer": 4}}) == {"answer": 4}
 
 
 def test_the_scoring_batch_gives_ids_up_to_the_eos(rewards):

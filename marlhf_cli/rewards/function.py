@@ -263,8 +263,9 @@ class FunctionReward:
 
 
 def record_fields(record: Mapping[str, Any]) -> dict[str, Any]:
-    """What a record gives a reward function: its fields but the prompt, and a TRL file's columns."""
-    fields = {name: value for name, value in record.items() if name not in ("prompt", "columns")}
+    """What a record gives a reward function: its fields but the prompt, and a TRL file's
+    columns (not marlhf's own ``conversation``, the turns kept for the chat template)."""
+    fields = {name: value for name, value in record.items() if name not in ("prompt", "columns", "conversation")}
     fields.update(record.get("columns") or {})
     return fields
 
