@@ -29,7 +29,7 @@ import yaml
 from .accepts import flag_name, validate
 from .errors import UserError
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # also at the repository top (a link)
 PRESETS_DIR = TEMPLATES_DIR / "presets"
 
 
