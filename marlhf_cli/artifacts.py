@@ -161,6 +161,29 @@ def read_jsonl(path: str | Path) -> list[Any]:
 # the run directory
 
 
+def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
+    """One-line error when nothing could be written at ``path``; creates nothing.
+
+    Checked when the options are, so a typo fails before a model loads. A path that is, or
+    runs through, a regular file can never be a folder. Otherwise the folder that would
+    hold it (``path`` itself, or its nearest existing parent) must take a new entry: tried
+    with an empty folder made and removed at once, since permission bits say nothing for
+    root, who can still not write to a read-only mount or to /sys.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: its target is missing
+            raise UserError(f"{flag} {path}: {existing} is a link to a missing {os.readlink(existing)}")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".marlhf-write-test-", dir=existing))
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror or err})") from None
+
+
 def library_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in TRACKED_LIBRARIES:

@@ -155,4 +155,8 @@ def resolve_config(
     if dry_run:
         typer.echo(config_module.to_yaml(resolved), nl=False)
         raise typer.Exit(code=0)
+    if stage != "segment":  # every other command writes into the run directory
+        from .artifacts import check_run_dir
+
+        check_run_dir(resolved.run_dir)
     return resolved
