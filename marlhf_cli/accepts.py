@@ -104,6 +104,15 @@ def _is_rule_list(spec: Any) -> bool:
         return False
 
 
+def _is_split_shares(text: Any) -> bool:
+    from .data.splits import parse_split_shares
+
+    try:
+        return bool(parse_split_shares(text))
+    except ValueError:
+        return False
+
+
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
 POSITIVE = at_least(1)
 
@@ -112,6 +121,7 @@ POSITIVE = at_least(1)
 ACCEPTS: dict[str, Accepts] = {
     "seed": at_least(0),
     "max_records": POSITIVE,
+    "split_shares": Accepts(_is_split_shares, "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
     "eval_records": at_least(0),
     "lr": at_least(0),  # 0 freezes the weights (the step-cost benchmarks sample identically)
     "batch_size": POSITIVE,

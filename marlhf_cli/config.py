@@ -53,6 +53,15 @@ class DataConfig:
 
 
 @dataclass
+class TrainingDataConfig(DataConfig):
+    """Which records a training stage reads: also how the source is shared among them."""
+
+    # SFT/RM/PPO shares of the source, e.g. "20/40/40"; None: the paper's (APPS 20/0/80), or
+    # all to SFT for a file of demonstrations only (no reward model can use them)
+    split_shares: str | None = None
+
+
+@dataclass
 class EngineConfig:
     """DeepSpeed engine options shared by the training stages."""
 
@@ -70,7 +79,7 @@ class EngineConfig:
 
 
 @dataclass
-class SFTConfig(CommonConfig, DataConfig, EngineConfig):
+class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig):
     model: str = "google/gemma-2b"
     lr: float = 2e-5  # ours: a common full-fine-tuning rate for 2B models
     batch_size: int = 64
@@ -86,7 +95,7 @@ class SFTConfig(CommonConfig, DataConfig, EngineConfig):
 
 
 @dataclass
-class RMConfig(CommonConfig, DataConfig, EngineConfig):
+class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig):
     model: str | None = None  # default: the SFT model in the run directory
     lr: float = 1e-5  # ours: reward models overfit quickly at higher rates
     batch_size: int = 64
@@ -102,7 +111,7 @@ class RMConfig(CommonConfig, DataConfig, EngineConfig):
 
 
 @dataclass
-class PPOConfig(CommonConfig, DataConfig, EngineConfig):
+class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
@@ -361,6 +370,7 @@ def to_yaml(config: Any) -> str:
 __all__ = [
     "CommonConfig",
     "DataConfig",
+    "TrainingDataConfig",
     "EngineConfig",
     "SFTConfig",
     "RMConfig",

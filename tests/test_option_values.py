@@ -42,6 +42,7 @@ BAD_TEXT = {
     "--lr-scheduler": "step",
     "--task": "nonsense",
     "--split": "nonsense",
+    "--split-shares": "20/40",
     "--dataset": "nonsense",
     "--n": "0",  # segment and ppo: a segment length; bon: a list of N
     "--k": "0,1",

@@ -35,6 +35,7 @@ from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
 from ..accepts import parse_list
+from ..data.records import one_per_prompt
 from ..errors import UserError
 from ..seeding import derived_seed
 from . import estimator, plots, tables
@@ -74,8 +75,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"
 
 
-def load_prompts(config, console) -> tuple[list[str], str]:
-    """Distinct prompts of the eval split, the first --max-records of them; and the source."""
+def load_prompts(config, console) -> tuple[list[str], str, int]:
+    """Distinct prompts of the eval split, the first --max-records of them; the source, and
+    how many distinct prompts the eval split holds."""
     from ..data import load_records
 
     result = load_records(config.dataset, data_file=config.data_file, split="eval", strict=config.strict)
@@ -83,10 +85,10 @@ def load_prompts(config, console) -> tuple[list[str], str]:
         console.print(result.notice, highlight=False, soft_wrap=True)
     if result.report.total_skipped:
         console.print(f"{result.source}: {result.report.summary()}", highlight=False, soft_wrap=True)
-    prompts = list(dict.fromkeys(r["prompt"] for r in result.records))[: config.max_records or None]
-    if not prompts:
+    distinct = [r["prompt"] for r in one_per_prompt(result.records)]
+    if not distinct:
         raise UserError(f"{result.source}: the eval split has no prompts")
-    return prompts, result.source
+    return distinct[: config.max_records or None], result.source, len(distinct)
 
 
 def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], samples: int, temperature: float) -> dict:
@@ -221,12 +223,13 @@ def run(config) -> dict[str, Any]:
     policy, default = resolve_policy(config.policy, run_dir)
     name = _safe(config.name) if config.name else default
     reward_model = config.reward_model or str(run_dir.require("rm"))
-    prompts, source = load_prompts(config, err)
+    prompts, source, distinct = load_prompts(config, err)
     expected = {t: fingerprint(config, policy, reward_model, prompts, samples, t) for t in temps}
     results = {t: _cached(_cache_path(run_dir, name, t), expected[t]) for t in temps}
     todo = [t for t in temps if results[t] is None]
     err.print(
-        f"bon {name}: policy {policy}, reward model {reward_model}, {len(prompts)} prompts from {source}, "
+        f"bon {name}: policy {policy}, reward model {reward_model}, {len(prompts)} of the {distinct} distinct "
+        f"eval prompts of {source}, "
         f"{samples} samples per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
         + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else ""),
         highlight=False, soft_wrap=True,

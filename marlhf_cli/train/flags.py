@@ -30,6 +30,10 @@ StrictOption = Annotated[
     typer.Option("--strict/--no-strict", help="Stop at the first bad row instead of skipping and counting it. [default: no-strict]", show_default=False),
 ]
 MaxRecordsOption = Annotated[Optional[int], _opt("--max-records", "Use at most this many training records (quick runs).")]
+SplitSharesOption = Annotated[
+    Optional[str],
+    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 50/0/50); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: 20/40/40, APPS 20/0/80; a file of demonstrations only (messages, prompt/completion): all to sft]"),
+]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
 ]
@@ -153,7 +157,10 @@ Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --comp
 # ---------------------------------------------------------------------------------------
 # groups a command takes whole (marlhf_cli.options.with_flags)
 
-DATA = {"dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption}
+DATA = {
+    "dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
+    "split_shares": SplitSharesOption,
+}  # fmt: skip
 TRAINING = {  # sft and rm
     "lr": LrOption, "batch_size": BatchSizeOption, "epochs": EpochsOption, "max_steps": MaxStepsOption,
     "max_prompt_length": MaxPromptOption, "max_response_length": MaxResponseOption,

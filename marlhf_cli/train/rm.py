@@ -134,6 +134,7 @@ def run(config: Any) -> dict[str, Any]:
     model_name = base_model(config, run_dir)
     train = common.load_split(config, "rm", config.max_records)
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     tokenizer = load_tokenizer(model_name, padding_side="right")
     task, identical = build_task(config, tokenizer, train.records, held_out.records)
     if identical:

@@ -139,6 +139,7 @@ def run(config: Any) -> dict[str, Any]:
     run_dir = RunDir(config.run_dir)
     train = common.load_split(config, "sft", config.max_records)
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     tokenizer = load_tokenizer(config.model, padding_side="right")
     task = build_task(config, tokenizer, train.records, held_out.records)
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)

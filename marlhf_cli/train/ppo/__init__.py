@@ -55,7 +55,7 @@ from ..monitor import Monitor
 from . import credit
 from .checkpointing import checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
-from .evaluation import evaluate
+from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
@@ -88,7 +88,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
     prompts = common.load_split(config, "ppo", config.max_records)
-    held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
+    held_out = held_out_prompts(config)
+    common.say(common.describe_records(STAGE, prompts, f"{len(held_out)} distinct held-out prompts for evaluation"))
     models = build_models(config, policy, reward_model, reward_fn or make_reward(config))
     ctx = make_context(config, models, prompts.records)
     root = checkpoint_root(run_dir, name)

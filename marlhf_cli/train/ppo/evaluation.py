@@ -1,5 +1,6 @@
 """PPO's held-out evaluation: sample each held-out prompt once with the current policy and
-score it with the reward, sharded over processes; the mean score is the stage's eval curve."""
+score it with the reward, sharded over processes; the mean score is the stage's eval curve.
+The prompts are distinct (a source may hold several records of one prompt)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,24 @@ import torch
 
 from ... import engine as eng
 from ...seeding import derived_seed
+from ...data.records import one_per_prompt
+from .. import common
 from .experience import generate, scoring_batch
 from ..forward import resident
+
+
+def held_out_prompts(config: Any) -> list[dict]:
+    """The first ``--eval-prompts`` distinct prompts of the eval split, one record each (the
+    record goes with its prompt: the APPS reward needs its tests); says so when there are fewer."""
+    if not config.eval_prompts:
+        return []
+    records = one_per_prompt(common.load_split(config, "eval", None, report=False).records)
+    if len(records) < config.eval_prompts:
+        common.say(
+            f"the eval split has {len(records)} distinct prompts: evaluating {len(records)}, "
+            f"not {config.eval_prompts} (--eval-prompts)"
+        )
+    return records[: config.eval_prompts]
 
 
 def _gather_rows(rows: list[dict]) -> list[dict]:
