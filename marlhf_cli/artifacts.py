@@ -39,6 +39,9 @@ PRODUCERS = {
 
 TRACKED_LIBRARIES = ("torch", "transformers", "deepspeed", "datasets", "spacy", "stanza", "openai")
 
+# run.json entries this process marked "running" and has not finished: what Ctrl-C leaves
+_RUNNING: dict[tuple[Path, str], "RunDir"] = {}
+
 
 # ---------------------------------------------------------------------------------------
 # atomic writes
@@ -305,4 +308,21 @@ class RunDir:
         if metrics is not None:
             entry["metrics"] = metrics
         write_json(self.manifest_path, manifest)
+        if status == "running":
+            _RUNNING[(self.root, stage)] = self
+        else:
+            _RUNNING.pop((self.root, stage), None)
         return entry
+
+
+def mark_interrupted() -> list[str]:
+    """Ctrl-C: each run.json entry this process left "running" says "interrupted" instead
+    (a killed process cannot say anything, and its entry stays "running"). Returns the stages."""
+    stages = []
+    for (_, stage), run in list(_RUNNING.items()):
+        try:
+            run.record_stage(stage, status="interrupted")
+        except (OSError, UserError):  # the run directory went away or was damaged meanwhile
+            continue
+        stages.append(stage)
+    return stages

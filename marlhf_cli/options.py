@@ -131,7 +131,10 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as err:
             fail(str(err), debug)
         except KeyboardInterrupt:
-            console.print("interrupted", style="yellow")
+            from .artifacts import mark_interrupted
+
+            stages = mark_interrupted()
+            console.print("interrupted" + (f" ({', '.join(stages)} marked so in run.json)" if stages else ""), style="yellow")
             raise typer.Exit(code=130) from None
 
     return wrapper

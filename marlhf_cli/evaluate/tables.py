@@ -15,20 +15,36 @@ JUDGE_ROWS = ("pairs", "win", "tie", "loss", "win rate [95% CI]", "ties as half"
 
 
 def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_scores: dict[float, float], samples: int, prompts: int) -> None:
+    """One row per temperature, one column per N, each cell the mean best-of-N score over
+    its standard error (bold: the best temperature for that N). Where that is wider than
+    the terminal (many N), one row per temperature and N instead: figures are never cut."""
     ns = sorted({n for c in curves.values() for n in c})
-    table = Table(title=f"best of N: {name} ({prompts} prompts, {samples} samples each)", title_justify="left")
-    table.add_column("temperature", justify="right")
-    table.add_column("mean (N=1)", justify="right")
-    for n in ns:
-        table.add_column(f"N={n}", justify="right")
+    temps = sorted(curves)
     best = {n: max(curves, key=lambda t: curves[t][n]["mean"]) for n in ns}
-    for temp in sorted(curves):
-        cells = []
-        for n in ns:
-            text = f"{curves[temp][n]['mean']:.4f} ± {curves[temp][n]['sem']:.4f}"
-            cells.append(f"[bold]{text}[/]" if best[n] == temp else text)
-        table.add_row(f"{temp:g}", f"{mean_scores[temp]:.4f}", *cells)
-    console.print(table)
+
+    def figure(temp: float, n: int, joint: str) -> str:
+        text = f"{curves[temp][n]['mean']:.4f}{joint}± {curves[temp][n]['sem']:.4f}"
+        return f"[bold]{text}[/]" if best[n] == temp else text
+
+    title = f"best of N: {name} ({prompts} prompts, {samples} samples each)"
+    caption = "mean reward-model score of the best of N samples, ± its standard error over prompts"
+    wide = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for label in ("temperature", "mean (N=1)", *(f"N={n}" for n in ns)):
+        wide.add_column(label, justify="right", no_wrap=True)
+    for temp in temps:
+        wide.add_row(f"{temp:g}", f"{mean_scores[temp]:.4f}", *(figure(temp, n, "\n") for n in ns))
+    natural = console.measure(wide, options=console.options.update(max_width=10_000)).maximum  # unclamped
+    if natural <= console.width:
+        console.print(wide)
+        return
+    long = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for label in ("temperature", "N", "best of N"):
+        long.add_column(label, justify="right", no_wrap=True)
+    for temp in temps:
+        cells = ([] if 1 in ns else [("1", f"{mean_scores[temp]:.4f}")]) + [(str(n), figure(temp, n, " ")) for n in ns]
+        for index, (n, cell) in enumerate(cells):
+            long.add_row(f"{temp:g}" if index == 0 else "", n, cell, end_section=index == len(cells) - 1)
+    console.print(long)
 
 
 def judge_table(name: str, summaries: dict[str, dict[str, Any]]) -> None:
