@@ -74,6 +74,8 @@ def read_responses(source: str) -> list[str]:
         name = "<stdin>"
     else:
         path = Path(source)
+        if path.is_dir():
+            raise bad_input("is a folder: give a text or JSONL file, or - to read stdin", path)
         if not path.is_file():
             raise bad_input("file not found", path)
         raw = path.read_bytes()
@@ -282,6 +284,28 @@ def run(config, source: str) -> None:
                 print(json.dumps(segmented.as_json(), ensure_ascii=False))
     else:
         print_segments(results, show_rule=len(rules) > 1)
+        for note in fallback_notes(results, config.n):
+            print(f"note: {note}", file=sys.stderr)
+
+
+def fallback_notes(results: list[list[Segmented]], n: float) -> list[str]:
+    """Per rule, which responses fell back to ``fixed`` (text mode shows only the segments;
+    JSON has a 'fallback' field and --stats a column)."""
+    notes = []
+    rules = [segmented.rule for segmented in results[0]] if results else []
+    for position, rule in enumerate(rules):
+        failed = [index + 1 for index, per_rule in enumerate(results) if per_rule[position].fell_back]
+        if not failed:
+            continue
+        if len(results) == 1:
+            notes.append(f"{rule}: the response could not be parsed, so fixed (n={n:g}) cut it")
+            continue
+        shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+        notes.append(
+            f"{rule}: {len(failed)} of {len(results)} responses could not be parsed, so fixed (n={n:g}) cut "
+            f"{'them' if len(failed) > 1 else 'it'} (response{'s' if len(failed) > 1 else ''} {shown})"
+        )
+    return notes
 
 
 # ---------------------------------------------------------------------------------------
