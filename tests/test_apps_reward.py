@@ -477,8 +477,11 @@ def test_passk_command_writes_its_table(tmp_path, sandboxed, own_problems):
     data = own_problems
     args = ["passk", "--model", "tiny", "--data-file", str(data), "--n", "2", "--k", "1,2", "--limit", "3",
             "--max-new-tokens", "8", "--max-prompt-length", "48", "--batch-size", "6", "--run-dir", str(tmp_path)]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
+    # the table on stdout, like every other command's (`> out.txt` kept nothing); notes on stderr
+    assert "pass@k: tiny" in result.stdout and "pass@2 (%)" in result.stdout and "all" in result.stdout
+    assert "pass@k: tiny" not in result.stderr and "wrote" in result.stderr
     payload = json.loads((tmp_path / "passk" / "tiny.json").read_text())
     assert payload["n"] == 2 and payload["k"] == [1, 2] and payload["problems"] == 3
     assert [row["difficulty"] for row in payload["table"]][-1] == "all"

@@ -10,7 +10,7 @@ pool while the next batch is sampled. pass@k uses the unbiased estimator
 
 Outputs: ``passk/<name>.json`` (settings, the table, per-problem outcomes, the sandbox's
 isolation mode), ``passk/<name>-samples.jsonl`` (every program with its status and reward),
-a ``passk/<name>`` entry in ``run.json``, and the table on the terminal.
+a ``passk/<name>`` entry in ``run.json``, and the table on stdout (progress and notes on stderr).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def run(config) -> dict[str, Any]:
         })  # fmt: skip
     difficulties = {ids[i]: records[i].get("difficulty") for i in range(len(records))}
     table = apps.passk_table(per_problem, difficulties, ks)
-    print_table(name, table, ks, console)
+    print_table(name, table, ks, Console(highlight=False))  # stdout, as every command's table
     overall = next(row for row in table if row["difficulty"] == "all")
     payload = {
         "name": name, "model": policy, "dataset": config.dataset, "data_file": config.data_file,
