@@ -198,6 +198,12 @@ def flag_name(field_name: str) -> str:
     return FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
 
 
+def expected_words(stage: str, field_name: str) -> str | None:
+    """What ``field_name`` of ``stage`` accepts, in an error's words (None: no check)."""
+    accepts = STAGE_ACCEPTS.get(stage, {}).get(field_name) or ACCEPTS.get(field_name)
+    return accepts.expected if accepts is not None else None
+
+
 def check_fields(config: Any, names: Iterable[str], stage: str | None = None) -> None:
     """One-line error for the first of ``names`` whose value ACCEPTS (or STAGE_ACCEPTS) rejects."""
     special = STAGE_ACCEPTS.get(stage or "", {})

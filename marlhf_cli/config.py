@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .accepts import flag_name, validate
+from .accepts import expected_words, flag_name, validate
 from .errors import UserError
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # also at the repository top (a link)
@@ -254,8 +254,12 @@ STAGES: dict[str, type] = {
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _coerce(name: str, value: Any, annotation: str) -> Any:
-    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats)."""
+KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "text"}
+
+
+def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
+    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats);
+    a value of another type is an error in the words of what the option accepts."""
     if value is None:
         return None
     kind = next((k for k in _SCALARS if re.search(rf"\b{k}\b", annotation)), None)
@@ -273,7 +277,11 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             raise TypeError
         return _SCALARS[kind](value)
     except (TypeError, ValueError):
-        raise UserError(f"{flag_name(name)} (config key '{name}'): expected {annotation}, got {value!r}") from None
+        accepts = expected_words(stage, name)
+        what = KIND_WORDS[kind]
+        if accepts:  # 'a whole number >= 1, or inf' says the kind itself; '1 or more' does not
+            what = accepts if accepts.startswith(("a ", "one of", "comma-separated", "three")) else f"{what}, {accepts}"
+        raise UserError(f"{flag_name(name)} (config key '{name}') must be {what}, got {value!r}") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -350,8 +358,8 @@ def resolve(
     annotations = {f.name: str(f.type) for f in fields(cls)}
     unknown = set(merged) - set(annotations)
     if unknown:
-        raise UserError(f"unknown option(s) for '{stage}': {', '.join(sorted(unknown))}")
-    kwargs = {key: _coerce(key, value, annotations[key]) for key, value in merged.items()}
+        raise UserError(f"unknown option{'s' if len(unknown) > 1 else ''} for '{stage}': {', '.join(sorted(unknown))}")
+    kwargs = {key: _coerce(key, value, annotations[key], stage) for key, value in merged.items()}
     config = cls(**kwargs)
     validate(stage, config)
     return config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-IRREGULAR = {"reply": "replies", "process": "processes", "folder or file": "folders or files"}
+IRREGULAR = {"reply": "replies", "process": "processes"}
 
 
 def count(number: int | float, noun: str, plural: str | None = None) -> str:

@@ -490,6 +490,10 @@ def test_passk_command_writes_its_table(tmp_path, sandboxed, own_problems):
     assert len(samples) == 6 and {"program", "status", "reward"} <= set(samples[0])
     assert json.loads((tmp_path / "run.json").read_text())["stages"]["passk/tiny"]["status"] == "finished"
 
+    one = CliRunner().invoke(app, [*args[:5], "--n", "1", "--k", "1", "--limit", "1", *args[11:], "--name", "one"])
+    assert one.exit_code == 0, one.output
+    assert "1 problem x 1 sample from" in one.stderr  # not '1 problems x 1 samples'
+
     bad = CliRunner().invoke(app, ["passk", "--model", "tiny", "--data-file", str(data), "--n", "2", "--k", "1,5"])
     assert bad.exit_code == 2 and "too few samples" in bad.output
 

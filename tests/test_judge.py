@@ -270,7 +270,7 @@ def test_failures_are_summarised_and_a_rerun_asks_only_for_them(tmp_path, files)
     with JudgeServer(responder) as server:
         result = invoke(server, run, *files, "--max-retries", "2")
     assert result.exit_code == 1
-    assert "1 judgement(s) got no reply" in result.output and "InternalServerError 503" in result.output
+    assert "1 judgement got no reply" in result.output and "InternalServerError 503" in result.output
     data = result_file(run)
     assert data["stats"]["failed"] == 1 and data["stats"]["win"] == PAIRS - 1
     assert Counter(r["status"] for r in server.log)[503] == 3  # first try + 2 retries

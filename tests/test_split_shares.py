@@ -120,6 +120,7 @@ def test_sft_on_a_chat_file_uses_and_says_all_its_rows(tmp_path):
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert f"sft: training on 14 of the 16 records of {data} (sft 90%, eval 10%), 2 held out for evaluation" in result.output
+    assert ", 1 step, train loss" in result.output  # not '1 steps'
     inputs = json.loads((tmp_path / "run" / "run.json").read_text())["stages"]["sft"]["inputs"]
     assert inputs["train_records"] == 14 and inputs["source_records"] == 16
     assert inputs["split_shares"] == pytest.approx({"sft": 0.9, "eval": 0.1})

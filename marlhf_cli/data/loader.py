@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import UserError, bad_input
+from ..wording import count
 from .hub import HubUnreachable, load_hub_rows
 from .local import is_data_file, read_rows
 from .records import NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
@@ -193,7 +194,7 @@ def _from_sample(adapter: Adapter, split: str | None, seed: int, strict: bool, s
     records = _select(parsed, fractions, split, seed)
     notice = (
         f"hub unreachable ({reason}): using the embedded {adapter.name} sample "
-        f"({len(parsed)} records) instead of {adapter.hub.repo}"
+        f"({count(len(parsed), 'record')}) instead of {adapter.hub.repo}"
     )
     log.info(notice)
     source = f"embedded:{adapter.name}"

@@ -38,6 +38,7 @@ from ..accepts import parse_list
 from ..data.records import one_per_prompt
 from ..errors import UserError
 from ..seeding import derived_seed
+from ..wording import count
 from . import estimator, plots, tables
 
 STAGE = "bon"
@@ -230,7 +231,7 @@ def run(config) -> dict[str, Any]:
     err.print(
         f"bon {name}: policy {policy}, reward model {reward_model}, {len(prompts)} of the {distinct} distinct "
         f"eval prompts of {source}, "
-        f"{samples} samples per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
+        f"{count(samples, 'sample')} per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
         + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else ""),
         highlight=False, soft_wrap=True,
     )  # fmt: skip

@@ -256,7 +256,7 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
                   "(how: 'unparsed: ...'), counted, and left out of the rates", highlight=False)  # fmt: skip
     if failed:
         err.print(
-            f"[bold red]{failed} judgement(s) got no reply[/] ({reasons}; transient errors were retried up to {config.max_retries} times); their pairs "
+            f"[bold red]{count(failed, 'judgement')} got no reply[/] ({reasons}; transient errors were retried up to {config.max_retries} times); their pairs "
             "are left out of the rates. Rerun the same command to ask only for those: every answered judgement is "
             f"cached in {run_dir.path('judge', 'cache')}.", highlight=False, soft_wrap=True,
         )  # fmt: skip

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .stats import fmt_rate
+from ..wording import count
 
 console = Console()
 
@@ -26,7 +27,7 @@ def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_
         text = f"{curves[temp][n]['mean']:.4f}{joint}± {curves[temp][n]['sem']:.4f}"
         return f"[bold]{text}[/]" if best[n] == temp else text
 
-    title = f"best of N: {name} ({prompts} prompts, {samples} samples each)"
+    title = f"best of N: {name} ({count(prompts, 'prompt')}, {count(samples, 'sample')} each)"
     caption = "mean reward-model score of the best of N samples, ± its standard error over prompts"
     wide = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for label in ("temperature", "mean (N=1)", *(f"N={n}" for n in ns)):
@@ -75,18 +76,18 @@ def judge_table(name: str, summaries: dict[str, dict[str, Any]]) -> None:
         bias = s.get("position_bias")
         if bias:
             lines.append(
-                f"position bias: verdict changed with the order in {bias['inconsistent']}/{bias['pairs']} pairs "
+                f"position bias: verdict changed with the order in {bias['inconsistent']}/{count(bias['pairs'], 'pair')} "
                 f"({fmt_rate(bias['inconsistent_rate'], bias['inconsistent_rate_ci'])}); same slot chosen twice "
                 f"{bias['same_slot']}; first slot chosen {fmt_rate(bias['first_slot_choice_rate'])} of the time"
             )
         for criterion, c in (s.get("criteria") or {}).items():
-            lines.append(f"{criterion}: win {fmt_rate(c['win_rate'], c['win_rate_ci'])}, tie {fmt_rate(c['tie_rate'])} ({c['decided']} pairs)")
+            lines.append(f"{criterion}: win {fmt_rate(c['win_rate'], c['win_rate_ci'])}, tie {fmt_rate(c['tie_rate'])} ({count(c['decided'], 'pair')})")
         for line in lines:
             console.print(f"  {judge}: {line}", highlight=False)
 
 
 def agreement_table(first: str, second: str, agreement: dict[str, Any]) -> None:
-    table = Table(title=f"agreement ({agreement['pairs']} pairs): rows {first}, columns {second}", title_justify="left")
+    table = Table(title=f"agreement ({count(agreement['pairs'], 'pair')}): rows {first}, columns {second}", title_justify="left")
     table.add_column(f"{first} \\ {second}")
     verdicts = ("win", "tie", "loss")
     for v in verdicts:
@@ -96,6 +97,6 @@ def agreement_table(first: str, second: str, agreement: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         f"  agreement {fmt_rate(agreement['rate'], agreement['rate_ci'])}; without ties "
-        f"{fmt_rate(agreement['rate_without_ties'])} of {agreement['pairs_without_ties']} pairs",
+        f"{fmt_rate(agreement['rate_without_ties'])} of {count(agreement['pairs_without_ties'], 'pair')}",
         highlight=False,
     )

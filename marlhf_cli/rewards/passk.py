@@ -23,6 +23,7 @@ from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..wording import count
 from . import apps
 from . import sandbox as sb
 
@@ -117,7 +118,7 @@ def run(config) -> dict[str, Any]:
         console.print(loaded.notice, highlight=False, soft_wrap=True)
     ids = problem_ids(records)
     iso = sb.isolation()
-    console.print(f"passk '{name}': {policy}, {len(records)} problems x {config.n} samples from {loaded.source}; sandbox {iso.describe()}",
+    console.print(f"passk '{name}': {policy}, {count(len(records), 'problem')} x {count(config.n, 'sample')} from {loaded.source}; sandbox {iso.describe()}",
                   highlight=False, soft_wrap=True)  # fmt: skip
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

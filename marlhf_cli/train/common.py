@@ -11,6 +11,7 @@ from .. import checkpoints
 from .. import config as config_module
 from .. import engine as eng
 from ..artifacts import RunDir
+from ..wording import count
 
 
 def start(config: Any) -> None:
@@ -72,7 +73,7 @@ def describe_records(stage: str, train, evaluated: str) -> str:
     if len(train.records) < train.available:
         shares += f"; --max-records keeps {len(train.records)} of its {train.available}"
     where = f" ({shares})" if shares else ""
-    return f"{stage}: training on {len(train.records)} of the {train.total} records of {train.source}{where}, {evaluated}"
+    return f"{stage}: training on {len(train.records)} of the {count(train.total, 'record')} of {train.source}{where}, {evaluated}"
 
 
 def _check_shares_agree(config: Any, split: str, result) -> None:
@@ -123,5 +124,5 @@ def clear_previous_outputs(run: RunDir, stage: str, name: str | None = None) -> 
         removed = run.clear_outputs(stage, name)
         if removed:
             where = run.stage_dir(stage, name)
-            say(f"fresh run: removed the previous outputs of {where} ({len(removed)} files or folders; pass --resume to continue a run)")
+            say(f"fresh run: removed the previous outputs of {where} ({count(len(removed), 'file or folder', 'files or folders')}; pass --resume to continue a run)")
     eng.barrier()

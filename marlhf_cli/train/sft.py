@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from .. import checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..wording import count
 from . import common, loop
 from .encode import IGNORE, attention_mask, encode_prompt, encode_response, pad_right
 
@@ -164,7 +165,7 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
 
 
 def _summary_line(out, metrics: dict) -> str:
-    parts = [f"sft: wrote {out}", f"{metrics['steps']} steps"]
+    parts = [f"sft: wrote {out}", count(metrics["steps"], "step")]
     if metrics.get("train_loss") is not None:
         parts.append(f"train loss {metrics['train_loss']:.4f}")
     if "eval_loss" in metrics:

@@ -50,6 +50,7 @@ from ... import artifacts, checkpoints, engine as eng
 from ...artifacts import RunDir
 from ...macro.segmentation import warm_up
 from ...seeding import derived_seed
+from ...wording import count
 from .. import common
 from ..monitor import Monitor
 from . import credit
@@ -226,11 +227,14 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
     what_runs = describe(config, ctx.rule)
     common.say(f"ppo '{name}': {what_runs}")
     k = group_size(config)
-    per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
+    per_step = (
+        f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(responses_per_step(config), 'response')}" if k > 1
+        else count(config.rollout_batch_size, "response")
+    )  # fmt: skip
     common.say(
         f"policy {policy}, reward {models.reward.name}"
         + ("" if ctx.critic_free else f", critic from {reward_model}")
-        + f", {len(prompts.records)} prompts, {config.max_steps} steps of {per_step}, {eng.world_size()} process(es)"
+        + f", {count(len(prompts.records), 'prompt')}, {count(config.max_steps, 'step')} of {per_step}, {count(eng.world_size(), 'process')}"
         + (f", resuming at step {start}" if start else "")
     )
     inputs = {

@@ -159,5 +159,5 @@ def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score") ->
 def compare_command(run_dir: str | Path, names: Sequence[str], flag: bool) -> Path:
     """Checks of the command line's shape, then :func:`compare`."""
     if not flag:
-        raise UserError(f"unexpected argument(s) {' '.join(names)}: run names go with --compare")
+        raise UserError(f"unexpected argument{'s' if len(names) > 1 else ''} {' '.join(names)}: run names go with --compare")
     return compare(run_dir, names)
