@@ -492,7 +492,7 @@ def test_passk_command_writes_its_table(tmp_path, sandboxed, own_problems):
 
     one = CliRunner().invoke(app, [*args[:5], "--n", "1", "--k", "1", "--limit", "1", *args[11:], "--name", "one"])
     assert one.exit_code == 0, one.output
-    assert "1 problem x 1 sample from" in one.stderr  # not '1 problems x 1 samples'
+    assert re.search(r"1 of the \d+ problems x 1 sample from", one.stderr), one.stderr  # not '1 problems x 1 samples'
 
     bad = CliRunner().invoke(app, ["passk", "--model", "tiny", "--data-file", str(data), "--n", "2", "--k", "1,5"])
     assert bad.exit_code == 2 and "too few samples" in bad.output

@@ -118,7 +118,8 @@ def run(config) -> dict[str, Any]:
         console.print(loaded.notice, highlight=False, soft_wrap=True)
     ids = problem_ids(records)
     iso = sb.isolation()
-    console.print(f"passk '{name}': {policy}, {count(len(records), 'problem')} x {count(config.n, 'sample')} from {loaded.source}; sandbox {iso.describe()}",
+    problems = count(len(records), "problem") if len(records) == loaded.available else f"{len(records)} of the {loaded.available} problems"
+    console.print(f"passk '{name}': {policy}, {problems} x {count(config.n, 'sample')} from {loaded.source}; sandbox {iso.describe()}",
                   highlight=False, soft_wrap=True)  # fmt: skip
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
