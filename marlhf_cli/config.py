@@ -56,8 +56,8 @@ class DataConfig:
 class TrainingDataConfig(DataConfig):
     """Which records a training stage reads: also how the source is shared among them."""
 
-    # SFT/RM/PPO shares of the source, e.g. "20/40/40"; None: the paper's (APPS 20/0/80), or
-    # all to SFT for a file of demonstrations only (no reward model can use them)
+    # SFT/RM/PPO shares of the source, e.g. "20/40/40"; None: the paper's (APPS 20/0/80), and
+    # a file of demonstrations only (no reward model can use them) is not shared out
     split_shares: str | None = None
 
 

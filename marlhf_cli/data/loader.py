@@ -19,7 +19,8 @@ Splits
   grouped so related rows stay together (TL;DR: the post; HH, WebGPT, TRL files: the
   prompt; APPS: the question). A source of demonstrations only (TRL ``messages`` or
   ``prompt``/``completion`` files, TL;DR's reference summaries) can feed no reward model,
-  so by default SFT takes all of it. ``shares`` (``--split-shares``, see
+  so by default it is not shared out: ``sft`` trains on all of it and ``ppo`` samples
+  prompts from all of it. ``shares`` (``--split-shares``, see
   :func:`.splits.parse_split_shares`) replaces these proportions. ``eval`` is the hub's own
   validation/test split where it has one (TL;DR ``validation``, HH ``test``, APPS
   ``test``); otherwise (WebGPT, local files, embedded samples) 10% of the groups are held
@@ -210,29 +211,26 @@ def _kind(parsed: list[Parsed], adapter: Adapter) -> str:
 
 def _fractions(adapter: Adapter, kind: str, split: str | None, shares: dict | None, source: object) -> dict[str, float]:
     """The training splits' shares of the source (no eval yet), checked against ``split``:
-    ``shares`` without its zeros, or by default the adapter's, and for demonstrations all
-    to SFT."""
+    ``shares`` without its zeros, or by default the adapter's; demonstrations feed no reward
+    model, so by default ``sft`` and ``ppo`` each take all of them."""
     if split == "rm" and kind == "demonstration":
         raise UserError(
             f"{source}: holds demonstrations, which cannot train a reward model: "
             "it needs prompt/chosen/rejected pairs (TRL's preference format)"
         )
-    if shares is None:
-        fractions = DEMONSTRATION_FRACTIONS if kind == "demonstration" else adapter.fractions
+    if shares is None and kind == "demonstration":  # no reward-model share: sft and ppo each take all of it
+        fractions = {split: 1.0} if split in ("sft", "ppo") else DEMONSTRATION_FRACTIONS
+    elif shares is None:
+        fractions = adapter.fractions
     elif shares.get("rm") and "rm" not in adapter.fractions:
         raise UserError(f"--split-shares: {adapter.name} trains no reward model: give rm a share of 0 (e.g. 20/0/80)")
     else:
         fractions = {name: share for name, share in shares.items() if share > 0}
     if split is None or split == "eval" or split in fractions:
         return dict(fractions)
-    if shares is None and kind != "demonstration":
+    if shares is None:
         have = ", ".join([*fractions, "eval"])
         raise UserError(f"{adapter.name} has no '{split}' split (it has {have}): the paper trains no reward model on it")
-    if shares is None:
-        raise UserError(
-            f"{source}: holds demonstrations only, so by default SFT trains on all of it and {split} gets "
-            f"none: to share it, give every stage the same --split-shares SFT/RM/PPO (e.g. 50/0/50)"
-        )
     shown = "/".join(f"{100 * shares[name]:g}" for name in ("sft", "rm", "ppo"))
     raise UserError(f"{source}: --split-shares {shown} gives {split} no records")
 

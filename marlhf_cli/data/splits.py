@@ -18,7 +18,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 PAPER_FRACTIONS = {"sft": 0.2, "rm": 0.4, "ppo": 0.4}
 APPS_FRACTIONS = {"sft": 0.2, "ppo": 0.8}
-DEMONSTRATION_FRACTIONS = {"sft": 1.0}  # rows no reward model can use: all of them train SFT
+DEMONSTRATION_FRACTIONS = {"sft": 1.0}  # rows no reward model can use: not shared out (loader)
 EVAL_FRACTION = 0.1
 SPLITS = ("sft", "rm", "ppo", "eval")
 TRAINING_SPLITS = ("sft", "rm", "ppo")

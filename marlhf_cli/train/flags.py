@@ -32,7 +32,7 @@ StrictOption = Annotated[
 MaxRecordsOption = Annotated[Optional[int], _opt("--max-records", "Use at most this many training records (quick runs).")]
 SplitSharesOption = Annotated[
     Optional[str],
-    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 50/0/50); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: 20/40/40, APPS 20/0/80; a file of demonstrations only (messages, prompt/completion): all to sft]"),
+    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 50/0/50); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: 20/40/40, APPS 20/0/80; a file of demonstrations only (messages, prompt/completion) is not shared out: sft and ppo each use all of it]"),
 ]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
