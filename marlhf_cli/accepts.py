@@ -124,6 +124,15 @@ def rewards(*names: str) -> Accepts:
     return RewardChoice(lambda v: v in names, f"one of {', '.join(names)}, or py:FILE.py:FUNCTION")
 
 
+def _is_split_shares(text: Any) -> bool:
+    from .data.splits import parse_split_shares
+
+    try:
+        return bool(parse_split_shares(text))
+    except ValueError:
+        return False
+
+
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
 POSITIVE = at_least(1)
 
@@ -132,6 +141,7 @@ POSITIVE = at_least(1)
 ACCEPTS: dict[str, Accepts] = {
     "seed": at_least(0),
     "max_records": POSITIVE,
+    "split_shares": Accepts(_is_split_shares, "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
     "eval_records": at_least(0),
     "lr": at_least(0),  # 0 freezes the weights (the step-cost benchmarks sample identically)
     "batch_size": POSITIVE,
@@ -207,6 +217,12 @@ FLAG_NAMES = {"judge_model": "--model", "rm_judge": "--rm"}
 
 def flag_name(field_name: str) -> str:
     return FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+def expected_words(stage: str, field_name: str) -> str | None:
+    """What ``field_name`` of ``stage`` accepts, in an error's words (None: no check)."""
+    accepts = STAGE_ACCEPTS.get(stage, {}).get(field_name) or ACCEPTS.get(field_name)
+    return accepts.expected if accepts is not None else None
 
 
 def check_fields(config: Any, names: Iterable[str], stage: str | None = None) -> None:

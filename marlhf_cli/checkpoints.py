@@ -202,8 +202,12 @@ def check_unfinished(folder: str | Path) -> None:
     """Refuse to resume a checkpoint that :func:`retire` emptied: its run finished."""
     state = read_state(folder)
     if state.get("finished"):
+        # the run's length, not this checkpoint's step (the last one is saved before the end)
+        fingerprint = state.get("fingerprint") or {}
+        steps = fingerprint.get("steps") or fingerprint.get("max_steps")
+        length = f" all its {steps} step{'' if steps == 1 else 's'}" if steps else ""
         raise UserError(
-            f"--resume: {Path(folder).parent} belongs to a run that finished (step {state.get('step')}); "
+            f"--resume: {Path(folder).parent} belongs to a run that finished{length}; "
             "nothing to resume: run without --resume to train again"
         )
 

@@ -26,10 +26,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from .accepts import flag_name, validate
+from .accepts import expected_words, flag_name, validate
 from .errors import UserError
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # also at the repository top (a link)
 PRESETS_DIR = TEMPLATES_DIR / "presets"
 
 
@@ -54,6 +54,15 @@ class DataConfig:
 
 
 @dataclass
+class TrainingDataConfig(DataConfig):
+    """Which records a training stage reads: also how the source is shared among them."""
+
+    # SFT/RM/PPO shares of the source, e.g. "20/40/40"; None: the paper's (APPS 20/0/80), and
+    # a file of demonstrations only (no reward model can use them) is not shared out
+    split_shares: str | None = None
+
+
+@dataclass
 class EngineConfig:
     """DeepSpeed engine options shared by the training stages."""
 
@@ -71,7 +80,7 @@ class EngineConfig:
 
 
 @dataclass
-class SFTConfig(CommonConfig, DataConfig, EngineConfig):
+class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig):
     model: str = "google/gemma-2b"
     lr: float = 2e-5  # ours: a common full-fine-tuning rate for 2B models
     batch_size: int = 64
@@ -87,7 +96,7 @@ class SFTConfig(CommonConfig, DataConfig, EngineConfig):
 
 
 @dataclass
-class RMConfig(CommonConfig, DataConfig, EngineConfig):
+class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig):
     model: str | None = None  # default: the SFT model in the run directory
     lr: float = 1e-5  # ours: reward models overfit quickly at higher rates
     batch_size: int = 64
@@ -103,7 +112,7 @@ class RMConfig(CommonConfig, DataConfig, EngineConfig):
 
 
 @dataclass
-class PPOConfig(CommonConfig, DataConfig, EngineConfig):
+class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
@@ -254,8 +263,12 @@ STAGES: dict[str, type] = {
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _coerce(name: str, value: Any, annotation: str) -> Any:
-    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats)."""
+KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "text"}
+
+
+def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
+    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats);
+    a value of another type is an error in the words of what the option accepts."""
     if value is None:
         return None
     kind = next((k for k in _SCALARS if re.search(rf"\b{k}\b", annotation)), None)
@@ -273,7 +286,11 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             raise TypeError
         return _SCALARS[kind](value)
     except (TypeError, ValueError):
-        raise UserError(f"{flag_name(name)} (config key '{name}'): expected {annotation}, got {value!r}") from None
+        accepts = expected_words(stage, name)
+        what = KIND_WORDS[kind]
+        if accepts:  # 'a whole number >= 1, or inf' says the kind itself; '1 or more' does not
+            what = accepts if accepts.startswith(("a ", "one of", "comma-separated", "three")) else f"{what}, {accepts}"
+        raise UserError(f"{flag_name(name)} (config key '{name}') must be {what}, got {value!r}") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -350,8 +367,8 @@ def resolve(
     annotations = {f.name: str(f.type) for f in fields(cls)}
     unknown = set(merged) - set(annotations)
     if unknown:
-        raise UserError(f"unknown option(s) for '{stage}': {', '.join(sorted(unknown))}")
-    kwargs = {key: _coerce(key, value, annotations[key]) for key, value in merged.items()}
+        raise UserError(f"unknown option{'s' if len(unknown) > 1 else ''} for '{stage}': {', '.join(sorted(unknown))}")
+    kwargs = {key: _coerce(key, value, annotations[key], stage) for key, value in merged.items()}
     config = cls(**kwargs)
     validate(stage, config)
     return config
@@ -370,6 +387,7 @@ def to_yaml(config: Any) -> str:
 __all__ = [
     "CommonConfig",
     "DataConfig",
+    "TrainingDataConfig",
     "EngineConfig",
     "SFTConfig",
     "RMConfig",

@@ -94,7 +94,7 @@ def test_two_processes_with_zero2(tmp_path):
         env=environment(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stderr
+    assert "2 processes" in result.stderr
     rows = read_jsonl(tmp_path / "metrics" / f"ppo-{NAME}.jsonl")
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2]
     assert len(read_jsonl(tmp_path / "samples" / f"{NAME}.jsonl")) == 2

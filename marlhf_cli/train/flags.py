@@ -34,6 +34,10 @@ ChatTemplateOption = Annotated[
     Optional[str],
     _opt("--chat-template", "How records become text: auto (the tokenizer's chat template on conversational data, i.e. a TRL file's message lists; plain-text datasets keep their format), none (the Human:/Assistant: transcript), or a Jinja template FILE (applied to every record, a plain prompt as one user turn). Responses end with the template's end-of-turn token, where sampling stops and the reward is read. [default: auto]"),
 ]
+SplitSharesOption = Annotated[
+    Optional[str],
+    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 50/0/50); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: 20/40/40, APPS 20/0/80; a file of demonstrations only (messages, prompt/completion) is not shared out: sft and ppo each use all of it]"),
+]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
 ]
@@ -161,6 +165,7 @@ Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --comp
 DATA = {
     "dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
     "chat_template": ChatTemplateOption,
+    "split_shares": SplitSharesOption,
 }  # fmt: skip
 TRAINING = {  # sft and rm
     "lr": LrOption, "batch_size": BatchSizeOption, "epochs": EpochsOption, "max_steps": MaxStepsOption,

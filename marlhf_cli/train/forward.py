@@ -129,24 +129,43 @@ def head_divides_by(model, temperature: float):
     and the logits the vocabulary's: with a 49k vocabulary the division (and its backward)
     over the logits was a tenth of a CPU step. Only where the identity holds and keeps
     float32 precision: an fp32 ``nn.Linear`` head without bias, and no logit soft-capping
-    after it (Gemma-2's tanh would not commute). Elsewhere nothing changes (yields False:
-    the caller divides the logits).
+    after it (Gemma-2's tanh would not commute), neither in the config nor in its text
+    config (composite models such as Gemma-3 keep it there). Elsewhere nothing changes
+    (yields False: the caller divides the logits). A forward in the block that never calls
+    the head module (one using its weight directly) is an error: its logits would be taken
+    for divided ones.
     """
     net = unwrap(model)
     head = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
-    config = getattr(net, "config", None)
     linear = (
         isinstance(head, torch.nn.Linear) and head.bias is None and head.weight.dtype == torch.float32
-        and not getattr(config, "final_logit_softcapping", None)
+        and not _soft_capped(getattr(net, "config", None))
     )  # fmt: skip
     if temperature == 1.0 or not linear:
         yield temperature == 1.0
         return
-    handle = head.register_forward_pre_hook(lambda _module, args: (args[0] / temperature, *args[1:]))
+    calls = []
+
+    def divide(_module, args):
+        calls.append(1)
+        return (args[0] / temperature, *args[1:])
+
+    handle = head.register_forward_pre_hook(divide)
     try:
         yield True
     finally:
         handle.remove()
+    if not calls:
+        raise RuntimeError(
+            f"{type(net).__name__}'s logits did not go through its output embedding module, so they "
+            "were not divided by the temperature: head_divides_by cannot serve this model"
+        )
+
+
+def _soft_capped(config) -> bool:
+    """Logit soft-capping in ``config`` or in its text model's config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    return any(getattr(c, "final_logit_softcapping", None) for c in (config, text) if c is not None)
 
 
 def _check_head(model) -> None:

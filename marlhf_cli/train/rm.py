@@ -23,6 +23,7 @@ import math
 from typing import Any, Sequence
 
 from .. import checkpoints, engine as eng
+from ..wording import count
 from ..artifacts import RunDir
 from . import common, loop, scoring
 from .freeze import train_top_layers
@@ -142,18 +143,19 @@ def run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
     task, identical = build_task(config, tokenizer, train.records, held_out.records, chat)
     if identical:
-        common.say(f"left out {identical} pairs whose responses are identical after truncation to {config.max_response_length} tokens")
+        common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
     with _quiet_loading(config.debug):  # the "score.weight MISSING" report is expected here
         model = load_reward_model(model_name, dtype="fp32")
     model.config.pad_token_id = tokenizer.pad_token_id
     if config.trainable_layers is not None:
         trainable, total = train_top_layers(model, config.trainable_layers)
-        common.say(f"training the top {config.trainable_layers} blocks, final norm and head: {trainable:,} of {total:,} parameters")
+        common.say(f"training the top {count(config.trainable_layers, 'block')}, final norm and head: {trainable:,} of {count(total, 'parameter')}")
     engine = eng.build_engine(
         scoring.SequenceScorer(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps
     )
@@ -205,10 +207,10 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
 
 
 def _summary_line(out, metrics: dict) -> str:
-    parts = [f"rm: wrote {out}", f"{metrics['steps']} steps"]
+    parts = [f"rm: wrote {out}", count(metrics["steps"], "step")]
     if "eval_accuracy" in metrics:
         parts.append(
-            f"held-out accuracy {metrics['eval_accuracy']:.3f} on {int(metrics['eval_pairs'])} pairs, "
+            f"held-out accuracy {metrics['eval_accuracy']:.3f} on {count(int(metrics['eval_pairs']), 'pair')}, "
             f"margin {metrics['eval_margin']:.3f}, score {metrics['eval_score_mean']:.3f} +- {metrics['eval_score_std']:.3f}"
         )
     return ", ".join(parts)

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from .. import checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..wording import count
 from . import common, loop
 from ..chat import ChatFormat, Rendered
 from .encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
@@ -178,6 +179,7 @@ def run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
     task = build_task(config, tokenizer, train.records, held_out.records, chat)
@@ -205,7 +207,7 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
 
 
 def _summary_line(out, metrics: dict) -> str:
-    parts = [f"sft: wrote {out}", f"{metrics['steps']} steps"]
+    parts = [f"sft: wrote {out}", count(metrics["steps"], "step")]
     if metrics.get("train_loss") is not None:
         parts.append(f"train loss {metrics['train_loss']:.4f}")
     if "eval_loss" in metrics:

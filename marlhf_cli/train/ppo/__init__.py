@@ -55,12 +55,13 @@ from ...data.records import PROMPT_KINDS
 from ...errors import UserError
 from ...macro.segmentation import warm_up
 from ...seeding import derived_seed
+from ...wording import count
 from .. import common
 from ..monitor import Monitor
 from . import credit, stopping
 from .checkpointing import checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
-from .evaluation import evaluate
+from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
@@ -93,7 +94,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
-    held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
+    held_out = held_out_prompts(config)
+    common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
     reward = reward_fn or make_reward(config)
     if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
         reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
@@ -251,11 +253,14 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
     common.say(f"ppo '{name}': {what_runs}")
     common.say(ctx.chat.describe())
     k = group_size(config)
-    per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
+    per_step = (
+        f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(responses_per_step(config), 'response')}" if k > 1
+        else count(config.rollout_batch_size, "response")
+    )  # fmt: skip
     common.say(
         f"policy {policy}, reward {models.reward.name}"
         + ("" if ctx.critic_free else f", critic from {reward_model}")
-        + f", {len(prompts.records)} prompts, {config.max_steps} steps of {per_step}, {eng.world_size()} process(es)"
+        + f", {count(len(prompts.records), 'prompt')}, {count(config.max_steps, 'step')} of {per_step}, {count(eng.world_size(), 'process')}"
         + (f", resuming at step {start}" if start else "")
     )
     inputs = {

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from ... import engine as eng
 from ...chat import ChatFormat
 from ...errors import UserError
+from ...wording import count
 from .. import loop
 from . import credit
 from .experience import RolloutSettings
@@ -28,7 +29,7 @@ class PromptSchedule:
     def __post_init__(self):
         if len(self.records) < self.batch_size:
             raise UserError(
-                f"only {len(self.records)} PPO prompts for --rollout-batch-size {self.batch_size}: "
+                f"only {count(len(self.records), 'PPO prompt')} for --rollout-batch-size {self.batch_size}: "
                 "lower it, raise --max-records if you set it, or use a dataset with more prompts"
             )
 

@@ -34,10 +34,12 @@ def _train_mean(rows: list[dict], key: str, last: int = 5) -> float | None:
 def summary_row(name: str, rows: list[dict]) -> dict:
     evals = [row for row in rows if row.get("split") == "eval"]
     steps = max((row.get("step", 0) for row in rows), default=0)
+    # the evaluation before training (step 0); with --eval-every 0 there is none
+    start = next((row["score"] for row in evals if row.get("step") == 0), None)
     return {
         "run": name,
         "steps": steps,
-        "eval_start": evals[0]["score"] if evals else None,
+        "eval_start": start,
         "eval_end": evals[-1]["score"] if evals else None,
         "eval_length": evals[-1].get("response_length") if evals else None,
         "train_score": _train_mean(rows, "score"),
@@ -157,5 +159,5 @@ def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score") ->
 def compare_command(run_dir: str | Path, names: Sequence[str], flag: bool) -> Path:
     """Checks of the command line's shape, then :func:`compare`."""
     if not flag:
-        raise UserError(f"unexpected argument(s) {' '.join(names)}: run names go with --compare")
+        raise UserError(f"unexpected argument{'s' if len(names) > 1 else ''} {' '.join(names)}: run names go with --compare")
     return compare(run_dir, names)

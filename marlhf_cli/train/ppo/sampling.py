@@ -14,6 +14,7 @@ resumed run draws the same responses as an uninterrupted one.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -56,6 +57,20 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
     cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
     point = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device) * cumulative[:, -1:]
     return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def cache_argument(net) -> str:
+    """The forward's name for the KV cache: ``cache`` in transformers releases that renamed it
+    (they warn on ``past_key_values``, and drop it in 5.40), ``past_key_values`` before
+    (5.17 has no ``cache``). A forward that names neither (a wrapper taking ``**kwargs``)
+    gets the name of the installed release's model outputs."""
+    parameters = inspect.signature(net.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def stops(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> torch.Tensor:
@@ -110,6 +125,7 @@ def sample(
     logprobs: list[torch.Tensor] = []
     next_input = prompt_ids
     positions = position_ids_from_mask(mask)
+    cache_name = cache_argument(net)
     cache = None
     try:
         for _ in range(params.max_new_tokens):
@@ -117,11 +133,12 @@ def sample(
                 input_ids=next_input,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **({cache_name: cache} if cache is not None else {}),
             )
-            cache = out.past_key_values
+            # the output names it as the release does: reading the old name warns where it was renamed
+            cache = out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) else out.past_key_values
             logits = out.logits[:, -1].float() / params.temperature
             token = draw(torch.softmax(filter_logits(logits, params.top_k, params.top_p), dim=-1))
             if with_logprobs:  # of the unfiltered distribution, whatever top-k / top-p kept

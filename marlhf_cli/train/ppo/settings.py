@@ -15,6 +15,7 @@ from ...artifacts import RunDir
 from ...errors import UserError
 from ...macro.segmentation import missing_parser
 from ...rewards.function import is_function_spec
+from ...wording import count
 from . import credit
 from .rewards import RewardFn
 
@@ -64,7 +65,8 @@ def check_critic_free_flags(config, critic_flags: Sequence[str]) -> None:
     if is_critic_free(config) and critic_flags:
         raise UserError(
             f"--advantage {config.advantage} trains no critic and assigns credit per response: "
-            f"{', '.join(critic_flags)} do not apply (drop them, or use --advantage gae)"
+            f"{', '.join(critic_flags)} {'does' if len(critic_flags) == 1 else 'do'} not apply (drop "
+            f"{'it' if len(critic_flags) == 1 else 'them'}, or use --advantage gae)"
         )
 
 
@@ -140,7 +142,7 @@ def check_options(config) -> None:
     processes = eng.world_size()
     if responses_per_step(config) % config.mini_batch_size:
         raise UserError(
-            f"the {responses_per_step(config)} responses of a step (--rollout-batch-size {config.rollout_batch_size} x "
+            f"the {count(responses_per_step(config), 'response')} of a step (--rollout-batch-size {config.rollout_batch_size} x "
             f"--samples-per-prompt {k}) must be a multiple of --mini-batch-size {config.mini_batch_size}"
         )
     if config.rollout_batch_size % processes:
