@@ -228,10 +228,7 @@ def _fractions(adapter: Adapter, kind: str, split: str | None, shares: dict | No
     model, so by default ``sft`` and ``ppo`` each take all of them (likewise text rows, which
     only ``sft`` reads, and prompt-only rows, which only ``ppo`` reads)."""
     if split == "rm" and kind in UNSHARED_KINDS:
-        raise UserError(
-            f"{source}: holds {KIND_NAMES[kind]}, which cannot train a reward model: "
-            "it needs prompt/chosen/rejected pairs (TRL's preference format)"
-        )
+        raise UserError(f"{source} holds {KIND_NAMES[kind]}, which cannot train a reward model: rm needs {KIND_NAMES['preference']}")
     if shares is None and kind in UNSHARED_KINDS:  # no reward-model share: sft and ppo each take all of it
         fractions = {split: 1.0} if split in ("sft", "ppo") else DEMONSTRATION_FRACTIONS
     elif shares is None:
