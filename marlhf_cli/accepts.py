@@ -104,6 +104,16 @@ def _is_rule_list(spec: Any) -> bool:
         return False
 
 
+def _is_target_list(spec: Any) -> bool:
+    """--lora-targets: 'all-linear' or names (marlhf_cli.lora.target_names, which needs no torch)."""
+    from .lora import target_names
+
+    try:
+        return bool(target_names(spec))
+    except ValueError:
+        return False
+
+
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
 POSITIVE = at_least(1)
 
@@ -131,6 +141,10 @@ ACCEPTS: dict[str, Accepts] = {
     "max_grad_norm": at_least(0),
     "nproc": POSITIVE,
     "trainable_layers": at_least(0),
+    "lora_rank": at_least(0),
+    "lora_alpha": above(0),
+    "lora_dropout": between(0, 1, high_open=True),
+    "lora_targets": Accepts(_is_target_list, "all-linear or comma-separated module names (q_proj,v_proj)"),
     "reward": one_of(*REWARDS),
     "advantage": one_of(*ADVANTAGES),
     "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage

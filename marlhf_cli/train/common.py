@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import checkpoints
+from .. import checkpoints, lora
 from .. import config as config_module
 from .. import engine as eng
 from ..artifacts import RunDir
 
 
 def start(config: Any) -> None:
-    """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed."""
+    """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed.
+    Options that go together or not are checked first, so a refusal is one line, not one per process."""
+    eng.check_engine_config(config)
+    lora.check_options(config)
     code = eng.maybe_relaunch(config.nproc)
     if code is not None:
         raise SystemExit(code)
-    eng.check_engine_config(config)
     eng.init_distributed(config.debug)
     eng.set_seed(config.seed)
     if not config.debug:
