@@ -46,6 +46,7 @@ BAD_TEXT = {
     "--n": "0",  # segment and ppo: a segment length; bon: a list of N
     "--k": "0,1",
     "--temperature": "0",  # bon: a list of temperatures
+    "--lora-targets": ",",
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [
