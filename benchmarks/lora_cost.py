@@ -2,7 +2,8 @@
 fine-tuning, for gae and grpo, same model and responses.
 
     python benchmarks/lora_cost.py [--model smollm2-135m | smollm2-360m-shape] [--rank 16]
-                                   [--estimators gae,grpo] [--prompts 2] [--k 4] [--new-tokens 48]
+                                   [--estimators gae,grpo] [--only gae:lora,...] [--gradient-checkpointing]
+                                   [--prompts 2] [--k 4] [--new-tokens 48]
                                    [--rounds 1] [--repeats 1] [--device cpu|cuda] [--dtype fp32|bf16]
 
 Each configuration (estimator x full or LoRA) runs in a fresh process (peak memory is a
@@ -19,9 +20,12 @@ again in rotated order.
 ``smollm2-360m-shape`` is a random-init model of SmolLM2-360M's shape (hidden 960, 32
 layers, 15 heads, 5 key-value heads, intermediate 2560, tied embeddings, SmolLM2's
 tokenizer), written once to ``$MARLHF_CACHE/bench-smollm2-360m-shape`` (1.4 GB).
+``--only`` runs some configurations (``gae:full`` needs the most memory: ~18 GiB at 360M);
+``--gradient-checkpointing`` turns it on in every configuration.
 
-Reported per configuration: the resident memory once the models are built, the peak
-resident memory of the process (on CUDA the peak allocated GPU memory too), the median
+Reported per configuration: the memory the process holds between steps (resident memory
+after the timed steps, freed memory handed back with glibc's ``malloc_trim``: weights,
+gradients, optimizer states), the peak resident memory of the process (on CUDA the peak allocated GPU memory too), the median
 phase times of the stage's metrics, and LoRA over full for each estimator.
 """
 
@@ -72,7 +76,11 @@ def make_shape() -> None:
     _fill_cache_folder(shape_folder(), save)
 
 
-def current_rss() -> int:
+def held_rss() -> int:
+    """Resident memory once glibc has handed freed memory back (what outlives a step)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * resource.getpagesize()
 
@@ -93,19 +101,20 @@ def worker(args) -> None:
         mini_batch_size=args.prompts * args.k, max_new_tokens=args.new_tokens, max_prompt_length=args.prompt_tokens,
         actor_lr=0.0, critic_lr=0.0, dtype=args.dtype, eval_every=0, eval_prompts=0, save_every=0, seed=0,
         max_steps=args.rounds + 1, lora_rank=args.rank if mode == "lora" else 0,
+        gradient_checkpointing=args.gradient_checkpointing,
     )  # fmt: skip
     common.start(config)
     ppo.check_options(config)
     prompts = common.load_split(config, "ppo", config.max_records, report=False)
     models = ppo.build_models(config, config.policy, config.reward_model, None)
-    built = current_rss()
     ctx = ppo.make_context(config, models, prompts.records)
     steps = [ppo.ppo_step(ctx, step) for step in range(args.rounds + 1)][1:]  # step 0 warms up
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    held = held_rss()
     engines = [engine for engine in (models.actor, models.critic) if engine is not None]
     trainable = sum(p.numel() for engine in engines for p in engine.module.parameters() if p.requires_grad)
     out = {
-        "config": args.worker, "steps": steps, "peak_rss": peak_rss, "built_rss": built, "trainable_params": trainable,
+        "config": args.worker, "steps": steps, "peak_rss": peak_rss, "held_rss": held, "trainable_params": trainable,
         "source": prompts.source, "gpu_peak": torch.cuda.max_memory_allocated() if args.device == "cuda" else None,
     }  # fmt: skip
     print("RESULT " + json.dumps(out), flush=True)
@@ -116,6 +125,8 @@ def run_one(args, configuration: str) -> dict:
             "--prompts", str(args.prompts), "--k", str(args.k), "--new-tokens", str(args.new_tokens),
             "--prompt-tokens", str(args.prompt_tokens), "--rounds", str(args.rounds), "--device", args.device,
             "--dtype", args.dtype, "--threads", str(args.threads)]  # fmt: skip
+    if args.gradient_checkpointing:
+        argv.append("--gradient-checkpointing")
     done = subprocess.run(argv, env=H.child_env(args.threads), capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -128,6 +139,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help=f"policy = reference = critic = reward model base, or {SHAPE_360M}")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank of the LoRA configurations (alpha 2 x rank)")
     parser.add_argument("--estimators", default="gae,grpo")
+    parser.add_argument("--only", help="comma-separated configurations to run (e.g. gae:lora,grpo:full); default: all")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="in every configuration")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
     parser.add_argument("--k", type=int, default=4, help="responses per prompt, for every configuration")
     parser.add_argument("--new-tokens", type=int, default=48)
@@ -149,10 +162,12 @@ def main() -> None:
     if args.model == SHAPE_360M and not (shape_folder() / "config.json").is_file():
         subprocess.run([sys.executable, __file__, "--make-shape"], env=H.child_env(args.threads), check=True)
     configurations = [f"{e}:{mode}" for e in args.estimators.split(",") for mode in ("full", "lora")]
+    if args.only:
+        configurations = [c for c in configurations if c in args.only.split(",")]
     print(f"# model {args.model}, LoRA r={args.rank} (alpha {2 * args.rank}, all linear layers of the blocks), "
           f"{args.prompts} prompts x K={args.k} = {args.prompts * args.k} responses per step, {args.new_tokens} new tokens, "
           f"prompts <= {args.prompt_tokens} tokens; lr 0 (identical samples); {args.rounds} timed steps + 1 warm-up "
-          f"per process, {args.repeats} repeat(s)")  # fmt: skip
+          f"per process, {args.repeats} repeat(s)" + (", gradient checkpointing" if args.gradient_checkpointing else ""))  # fmt: skip
     started = time.perf_counter()
     results: dict[str, list[dict]] = {c: [] for c in configurations}
     for rep in range(args.repeats):
@@ -172,19 +187,21 @@ def report(results: dict[str, list[dict]], args) -> None:
         return H.median([r[key] for r in results[configuration]])
 
     print(f"{'config':<11}{'trainable M':>12}{'gen s':>8}{'score s':>9}{'train s':>9}{'step s':>8}"
-          f"{'built GiB':>11}{'peak RSS GiB':>14}{'resp tokens':>12}")  # fmt: skip
+          f"{'held GiB':>10}{'peak RSS GiB':>14}{'resp tokens':>12}")  # fmt: skip
     for configuration in results:
         tokens = H.median([s["response_tokens"] for r in results[configuration] for s in r["steps"]])
         print(
             f"{configuration:<11}{results[configuration][0]['trainable_params'] / 1e6:>12.2f}"
             + "".join(f"{phase(configuration, k):>{w}.2f}" for k, w in
                       (("generation_time", 8), ("scoring_time", 9), ("training_time", 9), ("step_time", 8)))
-            + f"{memory(configuration, 'built_rss') / 2**30:>11.2f}{memory(configuration) / 2**30:>14.2f}{tokens:>12.0f}"
+            + f"{memory(configuration, 'held_rss') / 2**30:>10.2f}{memory(configuration) / 2**30:>14.2f}{tokens:>12.0f}"
         )  # fmt: skip
         if args.device == "cuda":
             print(f"{'':<11}GPU peak allocated {memory(configuration, 'gpu_peak') / 2**30:.2f} GiB")
     for estimator in args.estimators.split(","):
         full, adapted = f"{estimator}:full", f"{estimator}:lora"
+        if not (results.get(full) and results.get(adapted)):
+            continue
         line = (f"{estimator}: LoRA r={args.rank} / full: peak memory {memory(adapted) / memory(full):.2f}x, "
                 f"step time {phase(adapted, 'step_time') / phase(full, 'step_time'):.2f}x "
                 f"(update {phase(adapted, 'training_time') / phase(full, 'training_time'):.2f}x)")  # fmt: skip
