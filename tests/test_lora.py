@@ -310,3 +310,30 @@ def test_sigkill_then_resume_with_lora_reproduces_the_uninterrupted_run(tmp_path
     assert "resuming at step" in resumed.stderr
     assert metrics(killed) == metrics(straight)
     assert read_jsonl(killed / "samples" / f"{NAME}.jsonl") == read_jsonl(straight / "samples" / f"{NAME}.jsonl")
+
+
+@pytest.mark.slow
+def test_zero3_over_two_processes_trains_and_exports_the_adapters(tmp_path):
+    """ZeRO-3 shards the frozen base too: the reference and the reward model (adapter off),
+    the sampling copy (an adapted model refreshed from the shards) and the merged export
+    must all still work."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from test_ppo_resume import NAME, command, environment
+
+    from marlhf_cli.models import load_causal_lm, load_tokenizer
+
+    result = subprocess.run(
+        command(tmp_path, "--lora-rank", "4", "--nproc", "2", "--zero-stage", "3", "--max-steps", "2", "--save-every", "1",
+                "--eval-every", "2"),
+        env=environment(), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es)" in result.stderr
+    folder = tmp_path / "ppo" / NAME
+    ids, mask = _probe(load_tokenizer(str(folder)))
+    merged = _causal_logp(AutoModelForCausalLM.from_pretrained(folder), ids, mask)
+    adapted = PeftModel.from_pretrained(load_causal_lm("tiny"), folder / lora.ADAPTER_DIR)
+    assert _max_difference(merged, _causal_logp(adapted, ids, mask)) <= 1e-5
+    assert _max_difference(merged, _causal_logp(load_causal_lm("tiny"), ids, mask)) > 1e-4  # it trained
