@@ -103,7 +103,7 @@ def test_ppo_reference_and_reward_are_the_bases_and_only_adapters_train(tmp_path
     from marlhf_cli import engine as eng
     from marlhf_cli.models import load_causal_lm, load_reward_model
     from marlhf_cli.train import ppo
-    from marlhf_cli.train.forward import critic_values, policy_forward
+    from marlhf_cli.train.forward import critic_values, policy_forward, resident
     from marlhf_cli.train.ppo.rewards import RewardModelReward, ScoringBatch
 
     config = config_module.resolve("ppo", flags={**SMALL, "run_dir": str(tmp_path)})
@@ -111,7 +111,11 @@ def test_ppo_reference_and_reward_are_the_bases_and_only_adapters_train(tmp_path
     models = ppo.build_models(config, "tiny", "tiny", None)
     assert isinstance(models.reference, lora.WithoutAdapter)  # no second copy of the policy
     assert isinstance(models.reward, ppo.models.BaseModelReward)  # ... nor of the reward model
-    assert models.reward.model is models.critic.module.model
+    assert models.reward.model.module is models.critic.module.model
+    for frozen in (models.reference, models.reward.model):  # --offload-frozen: nothing of theirs to move
+        with resident(frozen, torch.device("meta"), offload=True):
+            pass
+    assert {p.device.type for e in (models.actor, models.critic) for p in e.module.parameters()} == {"cpu"}
     base_policy, base_rm = load_causal_lm("tiny").eval(), load_reward_model("tiny").eval()
     base_rm.config.pad_token_id = models.tokenizer.pad_token_id
     plain_reward = RewardModelReward(base_rm)

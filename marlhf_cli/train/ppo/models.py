@@ -94,7 +94,11 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
 
 class BaseModelReward(RewardModelReward):
     """The reward model a LoRA critic was initialised from: the critic with its adapter off
-    (its score head's original copy included), so no second copy of the reward model is held."""
+    (its score head's original copy included), so no second copy of the reward model is held.
+    ``.model`` holds no weights of its own, so ``--offload-frozen`` never moves the critic."""
+
+    def __init__(self, critic_model, *, batch_size: int):
+        super().__init__(lora.WithoutAdapter(critic_model), batch_size=batch_size)
 
     @torch.no_grad()
     def __call__(self, batch):
