@@ -95,9 +95,7 @@ def add_adapters(model, config: Any, *, task: str, base: str = "", top_layers: i
         task_type=TaskType.CAUSAL_LM if task == "causal" else TaskType.SEQ_CLS,  # SEQ_CLS: the score head is saved whole
     )
     try:
-        with warnings.catch_warnings():  # peft asks transformers a deprecated question; not the user's concern
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
-            # autocast off: the adapter keeps the model's dtype (DeepSpeed's bf16 keeps fp32 masters)
+        with _quiet_peft():  # autocast off: the adapter keeps the model's dtype (DeepSpeed's bf16 keeps fp32 masters)
             adapted = get_peft_model(model, settings, autocast_adapter_dtype=False)
     except ValueError as err:
         raise UserError(f"--lora-targets {config.lora_targets}: {str(err).splitlines()[0]}") from None
@@ -106,6 +104,15 @@ def add_adapters(model, config: Any, *, task: str, base: str = "", top_layers: i
 
         adapted.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
     return adapted
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    """peft asks transformers a deprecated question (``is_gradient_checkpointing``) when it
+    wraps a model: a warning for peft's maintainers, not for the user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        yield
 
 
 def _top_block_linears(model, layers: int, targets: str | list[str]) -> list[str]:
@@ -193,7 +200,8 @@ def merged_saver(load_base: Callable[[], Any]) -> Callable[[Any, Path], None]:
         adapted = peft_model(model)
         adapter = Path(folder) / ADAPTER_DIR
         adapted.save_pretrained(adapter, save_embedding_layers=False)  # embeddings never get adapters
-        merged = PeftModel.from_pretrained(load_base(), adapter).merge_and_unload()
+        with _quiet_peft():
+            merged = PeftModel.from_pretrained(load_base(), adapter).merge_and_unload()
         merged.config = copy.deepcopy(adapted.get_base_model().config)
         merged.save_pretrained(folder)
 
