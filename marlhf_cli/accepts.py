@@ -215,6 +215,9 @@ def check_fields(config: Any, names: Iterable[str], stage: str | None = None) ->
 def validate(stage: str, config: Any) -> None:
     """One-line errors for option values no run of ``stage`` can use (see ACCEPTS)."""
     check_fields(config, [f.name for f in fields(config)], stage)
+    from .lora import check_options  # LoRA options that cannot go together (imports no torch)
+
+    check_options(config)
     if isinstance(getattr(config, "dataset", None), str):
         from .data.loader import check_source
 

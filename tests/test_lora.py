@@ -41,11 +41,23 @@ def _invoke(*args: str):
 # options
 
 
-def test_trainable_layers_0_with_lora_is_one_line(tmp_path, toy_preferences):
-    result = _invoke("rm", "--model", "tiny", "--dataset", str(toy_preferences), "--run-dir", str(tmp_path),
-                     "--lora-rank", "4", "--trainable-layers", "0")  # fmt: skip
-    assert result.exit_code == 2
-    assert "--trainable-layers 0 with --lora-rank" in result.output and len(result.output.strip().splitlines()) == 1
+def test_trainable_layers_0_with_lora_is_one_line_before_torch_loads(tmp_path, toy_preferences):
+    import os
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules, file=sys.stderr))\n"
+        "from marlhf_cli.cli import main\n"
+        f"sys.argv = ['marlhf', 'rm', '--model', 'tiny', '--dataset', {str(toy_preferences)!r}, '--run-dir', {str(tmp_path)!r},"
+        " '--lora-rank', '4', '--trainable-layers', '0']\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: --trainable-layers 0 with --lora-rank") and lines[1] == "torch loaded: False"
 
 
 def test_bad_lora_values_and_ppo_dropout_are_refused(tmp_path):

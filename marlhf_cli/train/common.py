@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import checkpoints, lora
+from .. import checkpoints
 from .. import config as config_module
 from .. import engine as eng
 from ..artifacts import RunDir
@@ -17,7 +17,6 @@ def start(config: Any) -> None:
     """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed.
     Options that go together or not are checked first, so a refusal is one line, not one per process."""
     eng.check_engine_config(config)
-    lora.check_options(config)
     code = eng.maybe_relaunch(config.nproc)
     if code is not None:
         raise SystemExit(code)
