@@ -133,6 +133,16 @@ def _is_split_shares(text: Any) -> bool:
         return False
 
 
+def _is_target_list(spec: Any) -> bool:
+    """--lora-targets: 'all-linear' or names (marlhf_cli.lora.target_names, which needs no torch)."""
+    from .lora import target_names
+
+    try:
+        return bool(target_names(spec))
+    except ValueError:
+        return False
+
+
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
 POSITIVE = at_least(1)
 
@@ -161,6 +171,10 @@ ACCEPTS: dict[str, Accepts] = {
     "max_grad_norm": at_least(0),
     "nproc": POSITIVE,
     "trainable_layers": at_least(0),
+    "lora_rank": at_least(0),
+    "lora_alpha": above(0),
+    "lora_dropout": between(0, 1, high_open=True),
+    "lora_targets": Accepts(_is_target_list, "all-linear or comma-separated module names (q_proj,v_proj)"),
     "reward": rewards(*REWARDS),
     "advantage": one_of(*ADVANTAGES),
     "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage
@@ -242,6 +256,9 @@ def validate(stage: str, config: Any) -> None:
         from .chat import check_template_file
 
         check_template_file(config.chat_template)
+    from .lora import check_options  # LoRA options that cannot go together (imports no torch)
+
+    check_options(config)
     if isinstance(getattr(config, "dataset", None), str):
         from .data.loader import check_source
 

@@ -116,7 +116,7 @@ def segment(
 
 @app.command()
 @options.user_errors
-@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
 def sft(
     model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). [default: google/gemma-2b]", show_default=False)] = None,
     packing: flags.PackingOption = None,
@@ -136,7 +136,7 @@ def sft(
 
 @app.command()
 @options.user_errors
-@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
 def rm(
     model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). [default: the run's sft/ folder]", show_default=False)] = None,
     trainable_layers: flags.TrainableLayersOption = None,
@@ -156,7 +156,7 @@ def rm(
 
 @app.command()
 @options.user_errors
-@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, options.RUN_DIR, options.COMMON)
 def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any) -> None:
     """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
 

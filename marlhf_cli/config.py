@@ -80,7 +80,23 @@ class EngineConfig:
 
 
 @dataclass
-class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig):
+class LoRAConfig:
+    """LoRA adapters through peft (marlhf_cli/lora.py); rank 0 trains every weight."""
+
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # ours: None = 2 x rank (a scale of 2, as TRL's and OpenRLHF's examples)
+    lora_targets: str = "all-linear"  # peft's all-linear: every linear layer of the blocks (not the LM/score head)
+
+
+@dataclass
+class LoRATrainingConfig(LoRAConfig):
+    """sft and rm also take LoRA dropout (PPO runs without any dropout: its first ratio must be 1)."""
+
+    lora_dropout: float = 0.0
+
+
+@dataclass
+class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfig):
     model: str = "google/gemma-2b"
     lr: float = 2e-5  # ours: a common full-fine-tuning rate for 2B models
     batch_size: int = 64
@@ -96,7 +112,7 @@ class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig):
 
 
 @dataclass
-class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig):
+class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfig):
     model: str | None = None  # default: the SFT model in the run directory
     lr: float = 1e-5  # ours: reward models overfit quickly at higher rates
     batch_size: int = 64
@@ -112,7 +128,7 @@ class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig):
 
 
 @dataclass
-class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig):
+class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
@@ -389,6 +405,8 @@ __all__ = [
     "DataConfig",
     "TrainingDataConfig",
     "EngineConfig",
+    "LoRAConfig",
+    "LoRATrainingConfig",
     "SFTConfig",
     "RMConfig",
     "PPOConfig",

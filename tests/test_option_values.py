@@ -49,6 +49,7 @@ BAD_TEXT = {
     "--k": "0,1",
     "--temperature": "0",  # bon: a list of temperatures
     "--chat-template": "no-such-template.jinja",  # auto, none or a file
+    "--lora-targets": ",",
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [

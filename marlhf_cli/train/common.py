@@ -15,11 +15,12 @@ from ..wording import count
 
 
 def start(config: Any) -> None:
-    """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed."""
+    """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed.
+    Options that go together or not are checked first, so a refusal is one line, not one per process."""
+    eng.check_engine_config(config)
     code = eng.maybe_relaunch(config.nproc)
     if code is not None:
         raise SystemExit(code)
-    eng.check_engine_config(config)
     eng.init_distributed(config.debug)
     eng.set_seed(config.seed)
     if not config.debug:

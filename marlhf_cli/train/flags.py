@@ -96,7 +96,19 @@ NprocOption = Annotated[
 
 TrainableLayersOption = Annotated[
     Optional[int],
-    _opt("--trainable-layers", "Train only the top N transformer blocks, the final norm and the head (fast on a CPU). [default: all]"),
+    _opt("--trainable-layers", "Train only the top N transformer blocks, the final norm and the head (fast on a CPU); with --lora-rank: adapters in the top N blocks only, and the head. [default: all]"),
+]
+
+# LoRA (marlhf_cli/lora.py) ----------------------------------------------------------------
+LoraRankOption = Annotated[
+    Optional[int],
+    _opt("--lora-rank", "Train LoRA adapters of rank R (peft) instead of every weight; 0 = full fine-tuning. The export is merged weights, with the adapter in adapter/. ppo: adapters on the actor and the critic, whose reference and reward model are then the same weights with the adapter off. [default: 0]"),
+]
+LoraAlphaOption = Annotated[Optional[float], _opt("--lora-alpha", "LoRA scale numerator: the update is alpha / rank x B A. [default: 2 x rank]")]
+LoraDropoutOption = Annotated[Optional[float], _opt("--lora-dropout", "Dropout on the adapters' input (sft, rm; PPO runs without dropout). [default: 0]")]
+LoraTargetsOption = Annotated[
+    Optional[str],
+    _opt("--lora-targets", "Layers that get adapters: all-linear (every linear layer of the transformer blocks, not the LM head) or comma-separated names such as q_proj,v_proj. A reward model's or critic's score head is always trained whole. [default: all-linear]"),
 ]
 
 
@@ -179,6 +191,8 @@ ENGINE = {
     "offload_params": OffloadParamsOption, "lr_scheduler": SchedulerOption, "warmup_ratio": WarmupOption,
     "weight_decay": WeightDecayOption, "max_grad_norm": MaxGradNormOption, "nproc": NprocOption,
 }  # fmt: skip
+LORA = {"lora_rank": LoraRankOption, "lora_alpha": LoraAlphaOption, "lora_targets": LoraTargetsOption}  # ppo
+LORA_TRAINING = {**LORA, "lora_dropout": LoraDropoutOption}  # sft and rm
 PPO = {
     "name": Name, "policy": Policy, "reward_model": RewardModel, "reward": Reward, "advantage": Advantage,
     "samples_per_prompt": SamplesPerPrompt, "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,

@@ -58,8 +58,9 @@ def logprobs_from_logits(
 @contextlib.contextmanager
 def resident(model, device, offload: bool):
     """Move a frozen model (reference, reward model) to ``device`` for a block, then back to
-    CPU memory when ``offload`` is set; a no-op otherwise (and for ``None``)."""
-    if model is None or not offload:
+    CPU memory when ``offload`` is set; a no-op otherwise (and for ``None``, or a model with no
+    weights of its own: a LoRA model's base, :class:`marlhf_cli.lora.WithoutAdapter`)."""
+    if model is None or not offload or not isinstance(model, torch.nn.Module):
         yield model
         return
     model.to(device)

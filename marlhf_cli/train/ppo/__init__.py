@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from ... import artifacts, checkpoints, engine as eng
+from ... import artifacts, checkpoints, engine as eng, lora
 from ...artifacts import RunDir
 from ...data.records import PROMPT_KINDS
 from ...errors import UserError
@@ -102,7 +102,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     models = build_models(config, policy, reward_model, reward)
     ctx = make_context(config, models, prompts.records)
     root = checkpoint_root(run_dir, name)
-    expected = fingerprint(config, name, len(prompts.records))
+    expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
     start = _resume_or_start_fresh(ctx, run_dir, name, root, expected)
     inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)
@@ -291,8 +291,10 @@ def _start_parse_pool(ctx: Context) -> None:
 def _export_models(models, out_dir) -> None:
     # the critic first: the actor's config.json is what marks ppo/<name> as finished
     if models.critic is not None:
-        checkpoints.export_pretrained(models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model)
-    checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer)
+        checkpoints.export_pretrained(
+            models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model, save=models.critic_save
+        )
+    checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer, save=models.actor_save)
 
 
 def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list[dict], durations: list[float], start: int) -> dict[str, Any]:
