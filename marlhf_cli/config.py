@@ -107,9 +107,12 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
     reward: str | None = None  # model (the RM's score) | apps (the program's tests); None: apps for --dataset apps, else model
-    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines
+    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines;
+    # mc: critic-free, macro actions valued by sampled continuations
     advantage: str = "gae"
-    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo
+    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo/mc
+    mc_rollouts: int = 2  # mc: continuations per boundary (M)
+    mc_max_boundaries: int | None = None  # mc: boundaries per response at most (B); None: every one the rule makes
     # Algorithm 1 / Table 5
     rollout_batch_size: int = 256
     mini_batch_size: int = 32

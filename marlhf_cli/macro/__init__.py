@@ -11,7 +11,9 @@ it::
                                            gamma=1.0, lam=0.95, value_function="equal")
 
 The critic-free baselines (``rloo_advantages``, ``grpo_advantages``, ``kl_loss``) live here
-too, so a comparison with them uses the same losses.
+too, so a comparison with them uses the same losses, and so do the Monte-Carlo segment
+advantages (``cap_segments``, ``boundary_plan``, ``mc_advantages``: segment values from
+sampled continuations instead of a critic).
 
 ``parsing_lengths`` and ``token_offsets`` (the natural-language rule and the offset
 alignment) pull in spaCy/stanza, so they are loaded on first access only.
@@ -34,8 +36,9 @@ from .advantages import (
     segment_weights,
     token_gae,
 )
-from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, rloo_advantages, sequence_to_tokens
+from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, leave_one_out_means, rloo_advantages, sequence_to_tokens
 from .code import DEFAULT_CODE_CUTOFF, code_lengths
+from .montecarlo import BoundaryPlan, boundary_plan, cap_segments, kept_boundaries, mc_advantages
 from .losses import KL_ESTIMATORS, RATIO_MODES, kl_loss, kl_per_token, masked_mean, policy_loss, value_loss
 from .rules import fixed_lengths, ppl_lengths, randomized_lengths
 from .segmentation import (
@@ -63,6 +66,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "BoundaryPlan",
     "DEFAULT_CODE_CUTOFF",
     "DEFAULT_PARSING_CUTOFF",
     "KL_ESTIMATORS",
@@ -73,15 +77,20 @@ __all__ = [
     "SegmentLayout",
     "SegmentStats",
     "TerminationRule",
+    "boundary_plan",
+    "cap_segments",
     "code_lengths",
     "discounted_reverse_cumsum",
     "fixed_lengths",
     "grpo_advantages",
+    "kept_boundaries",
     "kl_loss",
     "kl_per_token",
+    "leave_one_out_means",
     "lengths_to_segment_ids",
     "macro_advantages",
     "masked_mean",
+    "mc_advantages",
     "num_segments",
     "policy_loss",
     "ppl_lengths",

@@ -10,9 +10,10 @@ from ... import engine as eng
 from ...errors import UserError
 from .. import loop
 from . import credit
+from .estimators import Estimator, estimator_of
 from .experience import RolloutSettings
 from .models import Models
-from .settings import is_critic_free, micro_batch
+from .settings import micro_batch
 from .update import UpdateSettings
 
 
@@ -58,15 +59,20 @@ class Context:
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
 
     @property
+    def estimator(self) -> Estimator:
+        """The --advantage estimator's registry entry (:mod:`.estimators`)."""
+        return estimator_of(self.config)
+
+    @property
     def critic_free(self) -> bool:
-        return is_critic_free(self.config)
+        return not self.estimator.critic
 
 
 def make_context(config, models: Models, records: Sequence[dict]) -> Context:
     """The step's settings from the config (also what the benchmarks build)."""
     micro = micro_batch(config)
-    # GRPO puts the KL to the reference in the loss (beta * k3), not in the reward
-    kl_in_loss = config.advantage == "grpo"
+    # GRPO and mc put the KL to the reference in the loss (beta * k3), not in the reward
+    kl_in_loss = estimator_of(config).kl_in_loss
     rollout = RolloutSettings.from_config(config, forward_batch_size=micro)
     return Context(
         config=config, models=models, rule=credit.make_rule(config),
