@@ -10,11 +10,13 @@ stage's own ``ppo_step`` for every configuration in turn, round after round, the
 each round, so every configuration sees the machine's load alike: on a shared machine only
 the ratios within one run mean anything. Learning rates are 0, so all configurations sample
 the same responses in a round (the printed response tokens prove it) and mc's continuations
-are the only extra sampling. Round 0 warms up and is not timed.
+are the only extra sampling. Round 0 (the first configuration alone) warms up and is not timed.
 
 Configurations: ``gae`` (the critic, fixed 5), ``rloo``, and ``mc-<rule>-m<M>[-b<B>]``.
 Reported per configuration: median step time and its phases, step time over rloo's and over
-gae's, generated tokens per step (responses + continuations) and tokens per second.
+gae's (the median over rounds of the ratio within a round), generated tokens per step
+(responses + continuations), their ratio to the first configuration's, and generated tokens
+per second of step.
 
 Then, for the first mc configuration, where the continuations' time goes: the prefill (one
 forward over every continuation's prompt + response prefix, the sampler's first step) against
@@ -129,7 +131,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="responses per prompt, for every configuration")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after one warm-up step)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated (default {DEFAULT_CONFIGS})")
     H.add_device_args(parser)
     args = parser.parse_args()
@@ -142,13 +144,15 @@ def main() -> None:
     ctxs, source = contexts(args, labels)
     print(f"# model {args.model}, {args.prompts} prompts x K={args.k} = {args.prompts * args.k} responses per step, "
           f"{args.new_tokens} new tokens, prompts <= {args.prompt_tokens} tokens from {source}; lr 0 (identical "
-          f"responses); {args.rounds} timed rounds + 1 warm-up, order rotated per round", flush=True)  # fmt: skip
+          f"responses); {args.rounds} timed rounds after 1 warm-up step, order rotated per round", flush=True)  # fmt: skip
     from marlhf_cli.train import ppo
 
     rows: dict[str, list[dict]] = {label: [] for label in labels}
     for rnd in range(args.rounds + 1):
         shift = rnd % len(labels)
         for label in labels[shift:] + labels[:shift]:
+            if rnd == 0 and label != labels[0]:
+                continue  # one warm-up step loads and compiles what every configuration uses
             metrics = ppo.ppo_step(ctxs[label], rnd)
             if rnd:
                 rows[label].append(metrics)
@@ -170,12 +174,16 @@ def report(rows: dict[str, list[dict]], labels: list[str]) -> None:
     def med(label, key):
         return H.median([row.get(key, 0.0) for row in rows[label]])
 
+    def per_round(label, base):
+        """The median over rounds of the step-time ratio within a round (robust to load drift)."""
+        return H.median([a["step_time"] / b["step_time"] for a, b in zip(rows[label], rows[base])])
+
     print(f"{'config':<16}{'gen s':>8}{'cont s':>8}{'score s':>9}{'train s':>9}{'step s':>8}{'x rloo':>8}{'x gae':>7}"
           f"{'resp tok':>10}{'cont tok':>10}{'gen tok':>9}{'gen x':>7}{'tok/s':>8}")  # fmt: skip
     base_tokens = med(labels[0], "generated_tokens")
     for label in labels:
         step = med(label, "step_time")
-        ratio = {b: (f"{step / med(b, 'step_time'):.2f}" if b in rows else "-") for b in ("rloo", "gae")}
+        ratio = {b: (f"{per_round(label, b):.2f}" if b in rows else "-") for b in ("rloo", "gae")}
         generated = med(label, "generated_tokens")
         print(
             f"{label:<16}{med(label, 'generation_time'):>8.2f}{med(label, 'continuation_time'):>8.2f}"

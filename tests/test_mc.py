@@ -5,7 +5,6 @@ generated-token counts, --compare --x-axis tokens)."""
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import math
@@ -18,7 +17,7 @@ import torch
 from marlhf_cli import accepts, config as config_module
 from marlhf_cli.artifacts import read_jsonl
 from marlhf_cli.errors import UserError
-from marlhf_cli.macro import TerminationRule, boundary_plan, rloo_advantages, sequence_to_tokens
+from marlhf_cli.macro import boundary_plan, rloo_advantages, sequence_to_tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -105,13 +104,7 @@ def test_the_hint_for_an_mc_name_makes_a_run_of_that_name(termination, n, m, b, 
 # continuations on the tiny model
 
 
-@pytest.fixture(scope="module")
-def models():
-    pytest.importorskip("gguf")
-    from marlhf_cli.models import load_causal_lm, load_tokenizer
-
-    return {"tokenizer": load_tokenizer("tiny", padding_side="left"), "actor": load_causal_lm("tiny"),
-            "reference": load_causal_lm("tiny")}  # fmt: skip
+from test_critic_free import models  # noqa: E402,F401  (the tiny tokenizer, actor and reference)
 
 
 class RecordingReward:
