@@ -18,11 +18,11 @@ gae's (the median over rounds of the ratio within a round), generated tokens per
 (responses + continuations), their ratio to the first configuration's, and generated tokens
 per second of step.
 
-Then, for the first mc configuration, where the continuations' time goes: the prefill (one
-forward over every continuation's prompt + response prefix, the sampler's first step) against
-the whole continuation phase, and that prefill over the distinct prefixes only (what sharing
-one prefix's KV cache among its M continuations would cost instead). That is the most that
-reusing the prefix cache could save.
+Then, for the first two mc configurations, what sharing a prefix's KV cache saves: the
+continuation phase of one rollout with a boundary's M continuations sharing one forward over
+their prompt + response prefix (as the stage does) against every continuation prefilled on
+its own, alternately, and the prefill alone over every continuation and over the distinct
+prefixes (what is left, and the most that reusing the rollout's own cache could save).
 """
 
 from __future__ import annotations
@@ -82,12 +82,15 @@ def contexts(args, labels):
     return out, prompts.source
 
 
-def prefill_share(ctx, step: int) -> dict:
-    """Seconds of mc's continuation phase, of its prefill over every continuation, and of the
-    prefill over distinct prefixes only, for one rollout of ``ctx``."""
+def prefix_sharing(ctx, step: int, repeats: int = 3) -> dict:
+    """mc's continuation phase on one rollout of ``ctx``, alternately with the M continuations
+    of a boundary sharing one prefill of their prefix (as the stage does) and with every
+    continuation prefilled on its own (the same continuations as a plan of M copies of each
+    boundary with M = 1), and the seconds of the prefill alone, over every continuation and
+    over distinct prefixes."""
     import torch
 
-    from marlhf_cli.macro import boundary_plan, cap_segments
+    from marlhf_cli.macro import BoundaryPlan, boundary_plan, cap_segments
     from marlhf_cli.train.forward import position_ids_from_mask
     from marlhf_cli.train.ppo import credit
     from marlhf_cli.train.ppo.continuations import _prefixes, continuation_seed, sample_continuations
@@ -103,10 +106,15 @@ def prefill_share(ctx, step: int) -> dict:
     plan = boundary_plan(cap_segments(ids, exp.mask, config.mc_max_boundaries), exp.mask)
     m = config.mc_rollouts
     seeds = [continuation_seed(0, step, numbers[r], p, i) for r, p in zip(plan.rows.tolist(), plan.positions.tolist()) for i in range(m)]
-    began = time.perf_counter()
-    done = sample_continuations(sampler, models.tokenizer, models.reward, exp, plan, ctx.rollout, rollouts=m, seeds=seeds,
-                                rows_per_batch=exp.batch_size * m)  # fmt: skip
-    whole = time.perf_counter() - began
+    copies = BoundaryPlan(*(x.repeat_interleave(m) for x in (plan.rows, plan.boundaries, plan.positions)), plan.segments)
+    rows = exp.batch_size * m
+    timed = {"shared_s": [], "unshared_s": []}
+    for _ in range(repeats):
+        for key, (which, rollouts) in (("shared_s", (plan, m)), ("unshared_s", (copies, 1))):
+            began = time.perf_counter()
+            done = sample_continuations(sampler, models.tokenizer, models.reward, exp, which, ctx.rollout, rollouts=rollouts,
+                                        seeds=seeds, rows_per_batch=rows)  # fmt: skip
+            timed[key].append(time.perf_counter() - began)
     prefix_ids, prefix_mask = _prefixes(exp, plan, models.tokenizer.pad_token_id)
 
     @torch.no_grad()
@@ -118,10 +126,12 @@ def prefill_share(ctx, step: int) -> dict:
                     use_cache=True, logits_to_keep=1)  # fmt: skip
         return time.perf_counter() - began
 
-    every = prefill(prefix_ids.repeat_interleave(m, dim=0), prefix_mask.repeat_interleave(m, dim=0), exp.batch_size * m)
-    distinct = prefill(prefix_ids, prefix_mask, exp.batch_size * m)
-    return {"continuation_s": whole, "prefill_s": every, "distinct_prefill_s": distinct, "continuations": len(plan) * m,
-            "tokens": done.tokens, "mean_prefix": float(prefix_mask.sum(1).float().mean())}  # fmt: skip
+    every = prefill(prefix_ids.repeat_interleave(m, dim=0), prefix_mask.repeat_interleave(m, dim=0), rows)
+    distinct = prefill(prefix_ids, prefix_mask, exp.batch_size)
+    return {"shared_s": H.median(timed["shared_s"]), "unshared_s": H.median(timed["unshared_s"]),
+            "ratios": [a / b for a, b in zip(timed["shared_s"], timed["unshared_s"])], "prefill_s": every,
+            "distinct_prefill_s": distinct, "continuations": len(plan) * m, "tokens": done.tokens,
+            "mean_prefix": float(prefix_mask.sum(1).float().mean())}  # fmt: skip
 
 
 def main() -> None:
@@ -158,15 +168,15 @@ def main() -> None:
                 rows[label].append(metrics)
         print(f"# round {rnd} done ({time.perf_counter() - started:.0f} s)", flush=True)
     report(rows, labels)
-    first_mc = next((label for label in labels if label.startswith("mc")), None)
-    if first_mc:
-        share = prefill_share(ctxs[first_mc], args.rounds + 1)
-        print(f"# {first_mc}, one rollout: {share['continuations']} continuations ({share['tokens']} tokens, mean prefix "
-              f"{share['mean_prefix']:.0f} tokens) took {share['continuation_s']:.2f} s; their prefill alone "
-              f"{share['prefill_s']:.2f} s ({share['prefill_s'] / share['continuation_s']:.0%}); over distinct prefixes "
-              f"only {share['distinct_prefill_s']:.2f} s, so sharing a prefix's cache among its M continuations would "
-              f"save at most {(share['prefill_s'] - share['distinct_prefill_s']) / share['continuation_s']:.0%}, and "
-              f"reusing the rollout's cache at most {share['prefill_s'] / share['continuation_s']:.0%}")  # fmt: skip
+    for label in [label for label in labels if label.startswith("mc")][:2]:
+        share = prefix_sharing(ctxs[label], args.rounds + 1)
+        print(f"# {label}, one rollout: {share['continuations']} continuations ({share['tokens']} tokens, mean prefix "
+              f"{share['mean_prefix']:.0f} tokens): {share['shared_s']:.2f} s with a boundary's M continuations sharing "
+              f"one prefill, {share['unshared_s']:.2f} s prefilling each (shared / unshared per repeat: "
+              f"{', '.join(f'{r:.2f}' for r in share['ratios'])}); the prefill of every continuation alone "
+              f"{share['prefill_s']:.2f} s, of the distinct prefixes {share['distinct_prefill_s']:.2f} s "
+              f"({share['distinct_prefill_s'] / share['shared_s']:.0%} of the shared phase: the most that reusing "
+              f"the rollout's own cache could still save)")  # fmt: skip
     print(f"# wall time {time.perf_counter() - started:.0f} s; load average at the end {H.load_average()}")
 
 

@@ -155,6 +155,20 @@ def test_a_row_draws_the_same_tokens_alone_or_in_a_batch(models):
     assert torch.equal(torch.get_rng_state(), state) and not torch.equal(other, together)
 
 
+def test_repeats_share_the_prefill_and_draw_what_repeated_prompts_draw(models):
+    from marlhf_cli.train.ppo.experience import tokenize_prompts
+    from marlhf_cli.train.ppo.sampling import SamplingParams, sample
+
+    tok = models["tokenizer"]
+    ids, mask = tokenize_prompts(tok, ["a short one", "a longer prompt than the first one"], 64, "cpu")
+    uniforms = torch.rand((6, 10), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    params, special = SamplingParams(1.0, 0, 1.0, 10), dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    shared = sample(models["actor"], ids, mask, params, uniforms=uniforms, repeats=3, **special)
+    separate = sample(models["actor"], ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), params, uniforms=uniforms, **special)
+    assert shared.shape[0] == 6 and torch.equal(shared, separate)
+    assert not torch.equal(shared[0], shared[1])  # the copies draw their own tokens
+
+
 def test_budgets_end_rows_early(models):
     from marlhf_cli.train.ppo.experience import tokenize_prompts
     from marlhf_cli.train.ppo.sampling import SamplingParams, sample

@@ -104,8 +104,9 @@ def sample_continuations(
     """Sample and score ``rollouts`` continuations of every boundary of ``plan``.
 
     ``seeds``: one per continuation, boundary-major (entry n's rollouts at n*M .. n*M+M-1);
-    ``rows_per_batch``: continuations per sampler call (bounds memory; results do not
-    depend on it beyond float rounding)."""
+    ``rows_per_batch``: continuations per sampler call, rounded down to whole boundaries
+    (bounds memory; results do not depend on it beyond float rounding). The M continuations
+    of a boundary share one forward over their prefix (its KV cache is copied M times)."""
     started = time.perf_counter()
     count = len(plan) * rollouts
     if count == 0:
@@ -114,26 +115,27 @@ def sample_continuations(
         raise ValueError(f"{len(seeds)} seeds for {count} continuations")
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     prefix_ids, prefix_mask = _prefixes(experience, plan, pad)
-    owners = plan.rows.repeat_interleave(rollouts)  # the response each continuation extends
-    starts = plan.positions.repeat_interleave(rollouts)  # its s_k
-    budgets = (settings.max_new_tokens - starts).clamp(min=1)
+    budgets = (settings.max_new_tokens - plan.positions).clamp(min=1)  # per boundary
+    per_call = max(1, rows_per_batch // rollouts)  # boundaries per sampler call
     scores, tokens = [], 0
-    for first in range(0, count, max(1, rows_per_batch)):
-        part = slice(first, min(count, first + max(1, rows_per_batch)))
-        entries = torch.arange(part.start, part.stop) // rollouts
+    for first in range(0, len(plan), per_call):
+        entries = slice(first, min(len(plan), first + per_call))
         ids, mask = prefix_ids[entries], prefix_mask[entries]
         keep = int(mask.sum(dim=1).max())  # drop the columns that are padding in every row
         ids, mask = ids[:, ids.shape[1] - keep :], mask[:, mask.shape[1] - keep :]
-        budget = budgets[part]
+        budget = budgets[entries].repeat_interleave(rollouts)  # one row per continuation from here on
         width = int(budget.max())
+        rows = slice(entries.start * rollouts, entries.stop * rollouts)
         sampled = sample(
             model, ids, mask, SamplingParams(settings.temperature, settings.top_k, settings.top_p, width),
-            eos_token_id=eos, pad_token_id=pad, uniforms=_uniforms(seeds[part], budget.tolist(), width).to(ids.device),
-            budgets=budget.to(ids.device),
+            eos_token_id=eos, pad_token_id=pad, uniforms=_uniforms(seeds[rows], budget.tolist(), width).to(ids.device),
+            budgets=budget.to(ids.device), repeats=rollouts,
         )  # fmt: skip
         continuation_mask, has_eos = _continuation_mask(sampled, budget.to(sampled.device), eos)
         tokens += int(continuation_mask.sum())
-        scores.append(_score(tokenizer, reward_fn, experience, owners[part], starts[part], sampled, continuation_mask, has_eos, settings))
+        owners = plan.rows[entries].repeat_interleave(rollouts)  # the response each continuation extends
+        starts = plan.positions[entries].repeat_interleave(rollouts)  # its s_k
+        scores.append(_score(tokenizer, reward_fn, experience, owners, starts, sampled, continuation_mask, has_eos, settings))
     return Continuations(torch.cat(scores).reshape(len(plan), rollouts), tokens, time.perf_counter() - started)
 
 

@@ -84,6 +84,7 @@ def sample(
     with_logprobs: bool = False,
     uniforms: torch.Tensor | None = None,
     budgets: torch.Tensor | None = None,
+    repeats: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample responses for left-padded prompts: [B, T] ids, ``pad_token_id`` after EOS.
 
@@ -103,11 +104,14 @@ def sample(
     numbers). ``budgets``: [B] the most tokens row b may draw (at most max_new_tokens); a
     row that reaches its budget is finished, and its later columns are padding (the caller
     masks them: without an EOS the mask cannot tell where the budget ended).
+    ``repeats``: sample each prompt that many times (rows b*repeats .. b*repeats + repeats-1
+    of the output, and of ``uniforms`` and ``budgets``), its prompt's forward run once and
+    its KV cache shared by the copies.
     """
     net = unwrap(model)
     was_training = net.training
     net.eval()
-    batch = prompt_ids.shape[0]
+    batch = prompt_ids.shape[0] * repeats
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
     mask = prompt_mask.long()
     tokens: list[torch.Tensor] = []
@@ -127,6 +131,10 @@ def sample(
             )
             cache = out.past_key_values
             logits = out.logits[:, -1].float() / params.temperature
+            if step == 0 and repeats > 1:  # the prompts were read once; each copy goes on alone
+                cache.batch_repeat_interleave(repeats)
+                logits = logits.repeat_interleave(repeats, dim=0)
+                mask = mask.repeat_interleave(repeats, dim=0)
             uniform = None if uniforms is None else uniforms[:, step]
             token = draw(torch.softmax(filter_logits(logits, params.top_k, params.top_p), dim=-1), uniform)
             if with_logprobs:  # of the unfiltered distribution, whatever top-k / top-p kept
