@@ -371,3 +371,31 @@ def test_cpu_tiny_preset_trains_with_mc_and_reports_generated_tokens(tmp_path):
     assert refused.exit_code == 2 and "use --x-axis step" in refused.output
     alone = runner.invoke(app, ["ppo", "--x-axis", "tokens", "--run-dir", str(tmp_path)])
     assert alone.exit_code == 2 and "--x-axis goes with --compare" in alone.output
+
+
+@pytest.mark.slow
+def test_mc_on_two_processes_counts_every_continuation(tmp_path):
+    """Each process continues its own responses (its groups are whole); the step's counts are
+    summed over both processes."""
+    import subprocess
+    import sys
+
+    from test_ppo_resume import environment
+
+    argv = [sys.executable, "-m", "marlhf_cli.cli", "ppo", "--run-dir", str(tmp_path), "--policy", "tiny",
+            "--reward-model", "tiny", "--advantage", "mc", "--samples-per-prompt", "2", "--termination", "fixed",
+            "--rollout-batch-size", "2", "--mini-batch-size", "2", "--max-new-tokens", "8",
+            "--max-prompt-length", "48", "--max-steps", "2", "--save-every", "0", "--eval-prompts", "0",
+            "--nproc", "2", "--zero-stage", "2"]  # fmt: skip  (fixed n = 5: torchrun would take "--n" for its own)
+    done = subprocess.run(argv, env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 process(es)" in done.stderr
+    train = [r for r in read_jsonl(tmp_path / "metrics" / "ppo-mc-fixed5-k2.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for row in train:
+        assert row["responses"] == 4.0
+        # 8-token responses cut every 5 tokens: one boundary at 5 (none where a response ends
+        # sooner), 2 continuations of at most 3 tokens
+        assert 0 < row["continuations"] <= 4 * 2 and row["continuations"] % 2 == 0
+        assert row["continuation_tokens"] <= 4 * 2 * 3
+        assert row["generated_tokens"] == row["response_tokens"] + row["continuation_tokens"]
