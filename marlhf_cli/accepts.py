@@ -25,8 +25,9 @@ DTYPES = ("fp32", "bf16")
 SCHEDULES = ("cosine", "linear")
 JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
 REWARDS = ("model", "apps")
-ADVANTAGES = ("gae", "rloo", "grpo")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
+ADVANTAGES = ("gae", "rloo", "grpo", "mc")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
+X_AXES = ("step", "tokens")  # marlhf ppo --compare --x-axis (train/ppo/report.py)
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -177,7 +178,9 @@ ACCEPTS: dict[str, Accepts] = {
     "lora_targets": Accepts(_is_target_list, "all-linear or comma-separated module names (q_proj,v_proj)"),
     "reward": rewards(*REWARDS),
     "advantage": one_of(*ADVANTAGES),
-    "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage
+    "samples_per_prompt": POSITIVE,  # rloo/grpo/mc need 2 or more: checked by the stage
+    "mc_rollouts": POSITIVE,
+    "mc_max_boundaries": at_least(0),  # 0: no inner boundary, one macro action per response
     "rollout_batch_size": POSITIVE,
     "mini_batch_size": POSITIVE,
     "ppo_epochs": POSITIVE,

@@ -135,9 +135,12 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (the user's
     # function, TRL's reward_funcs convention); None: apps for --dataset apps, else model
     reward: str | None = None
-    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines
+    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines;
+    # mc: critic-free, macro actions valued by sampled continuations
     advantage: str = "gae"
-    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo
+    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo/mc
+    mc_rollouts: int = 2  # mc: continuations per boundary (M)
+    mc_max_boundaries: int | None = None  # mc: boundaries per response at most (B); None: every one the rule makes
     # Algorithm 1 / Table 5
     rollout_batch_size: int = 256
     mini_batch_size: int = 32

@@ -39,6 +39,7 @@ BAD_TEXT = {
     "--kl-estimator": "k2",
     "--reward": "nonsense",
     "--advantage": "ppo",
+    "--x-axis": "time",
     "--dtype": "fp16",
     "--lr-scheduler": "step",
     "--task": "nonsense",

@@ -46,12 +46,14 @@ def target_reward():
     return TokenFractionReward(targets, eos_token_id=load_tokenizer("tiny").eos_token_id, name="target-tokens")
 
 
-# every estimator sees 16 responses per step: 16 prompts x 1 (gae), 4 prompts x 4 (rloo, grpo)
+# every estimator sees 16 responses per step: 16 prompts x 1 (gae), 4 prompts x 4 (rloo, grpo,
+# mc; mc also samples 2 continuations of at most 4 tokens from the middle of each response)
 CASES = [
     pytest.param(dict(termination="fixed", n=1, rollout_batch_size=16), "vanilla", id="vanilla"),
     pytest.param(dict(termination="fixed", n=5, rollout_batch_size=16), "fixed5", id="fixed5"),
     pytest.param(dict(advantage="rloo", rollout_batch_size=4), "rloo", id="rloo"),
     pytest.param(dict(advantage="grpo", rollout_batch_size=4), "grpo", id="grpo"),
+    pytest.param(dict(advantage="mc", termination="fixed", n=4, rollout_batch_size=4), "mc-fixed4", id="mc"),
 ]
 
 
