@@ -14,6 +14,12 @@ points along a fixed random direction u; class 9 is the "target" set of the orig
 * ``prefix``: the fraction of the first 4 response tokens in the target class; the rest of
   the response is irrelevant, so the credit has to travel from the last token back to the
   first few.
+* ``units`` (the study's second edition, which replaces ``pairs``: nothing learned that one):
+  the response read as consecutive 5-token units (tokens 0-4, 5-9, ...); a unit scores when
+  all five of its tokens lie in the upper six classes (4-9). A token in those classes earns
+  nothing unless its four unit-mates do too: the reward is carried by units, not by tokens
+  one by one (a random policy earns 0.6^5 = 0.08). Units line up with ``fixed --n 5``'s
+  segments, the one place in the study where a macro action is exactly a unit of the reward.
 
 EOS is not counted as a response token; a response with nothing to score gets 0.
 """
@@ -22,9 +28,11 @@ from __future__ import annotations
 
 import torch
 
-TASKS = ("target", "pairs", "prefix")
+TASKS = ("target", "pairs", "prefix", "units")
 CLASSES = 10
 PREFIX_TOKENS = 4
+UNIT_TOKENS = 5
+UNIT_LOWEST_CLASS = 4  # a unit scores when all its tokens are in classes 4..9
 
 
 def token_classes(embedding: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -53,6 +61,13 @@ def task_scores(task: str, ids: torch.Tensor, mask: torch.Tensor, classes: torch
         a, b = cls[:, 0 : 2 * units : 2], cls[:, 1 : 2 * units : 2]
         whole = mask[:, 0 : 2 * units : 2] & mask[:, 1 : 2 * units : 2]
         hits = ((b - a) % CLASSES == 1) & whole
+        return hits.sum(1).float() / whole.sum(1).clamp(min=1).float()
+    if task == "units":
+        units = ids.shape[1] // UNIT_TOKENS
+        shape = (ids.shape[0], units, UNIT_TOKENS)
+        upper = ((cls >= UNIT_LOWEST_CLASS) & mask)[:, : units * UNIT_TOKENS].reshape(shape)
+        whole = mask[:, : units * UNIT_TOKENS].reshape(shape).all(2)  # a unit cut by EOS or padding is no unit
+        hits = upper.all(2) & whole
         return hits.sum(1).float() / whole.sum(1).clamp(min=1).float()
     raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
 

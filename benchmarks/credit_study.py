@@ -59,6 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
 from _credit_tasks import TASKS  # noqa: E402
 
+FIRST_EDITION_TASKS = ("target", "pairs", "prefix")  # `units` is the second edition's (credit_study2.py)
+
 RESPONSES_PER_STEP = 8
 WINDOW = 5
 CONFIGS = {
@@ -176,29 +178,32 @@ def job_path(root: Path, job: dict) -> Path:
     return root / job["task"] / f"{job['config']}-lr{job['lr']:g}-s{job['seed']}-{job['steps']}steps.json"
 
 
-def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int) -> list[dict]:
-    """Run the jobs not already saved under ``root``; return every job's result."""
-    todo = [job for job in jobs if not job_path(root, job).is_file()]
+def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, run=run_job, path_of=job_path,
+             label: str = "runs") -> list[dict]:  # fmt: skip
+    """Run the jobs not already saved under ``root`` (``run(job)`` in ``workers`` processes,
+    each result saved at ``path_of(root, result)``); return every job's result. The second
+    edition (credit2/runs.py) passes its own ``run`` and ``path_of``."""
+    todo = [job for job in jobs if not path_of(root, job).is_file()]
     if todo:
         from rich.progress import Progress
 
         from marlhf_cli.artifacts import write_json
 
-        print(f"# {len(todo)} of {len(jobs)} runs to do ({len(jobs) - len(todo)} saved)", flush=True)
+        print(f"# {label}: {len(todo)} of {len(jobs)} runs to do ({len(jobs) - len(todo)} saved)", flush=True)
         spawn = multiprocessing.get_context("spawn")
         root.mkdir(parents=True, exist_ok=True)
         log = str(root / "runs.log")  # not committed: .gitignore
         with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(threads, log)) as pool:
-            futures = {pool.submit(run_job, job): job for job in todo}
+            futures = {pool.submit(run, job): job for job in todo}
             with Progress(transient=False) as progress:
-                bar = progress.add_task("runs", total=len(todo))
+                bar = progress.add_task(label, total=len(todo))
                 for future in as_completed(futures):
                     result = future.result()
-                    path = job_path(root, result)
+                    path = path_of(root, result)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     write_json(path, result)
                     progress.advance(bar)
-    return [json.loads(job_path(root, job).read_text()) for job in jobs]
+    return [json.loads(path_of(root, job).read_text()) for job in jobs]
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,7 +393,7 @@ def plot(all_summaries: dict[str, dict[str, Summary]], mode: Mode, path: Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer seeds, steps and tokens (~15 min on a quiet 2-core CPU)")
-    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated, from " + ", ".join(TASKS))
+    parser.add_argument("--tasks", default=",".join(FIRST_EDITION_TASKS), help="comma-separated, from " + ", ".join(TASKS))
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from " + ", ".join(CONFIGS))
     parser.add_argument("--workers", type=int, default=2, help="runs side by side, one process each")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")

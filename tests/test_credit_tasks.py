@@ -60,6 +60,35 @@ def test_prefix_reads_only_the_first_four_tokens():
     assert torch.allclose(scores, torch.tensor([2 / 3, 1.0, 1.0]))
 
 
+def test_units_score_aligned_five_token_units_wholly_in_the_upper_six_classes():
+    # class = id % 10: units (4 5 6 7 9) yes, (3 9 9 9 9) no (one token in class 3), the
+    # last two tokens make no unit
+    ids = torch.tensor([[4, 5, 6, 7, 9, 3, 9, 9, 9, 9, 9, 9]])
+    assert torch.allclose(task_scores("units", ids, torch.ones_like(ids), _classes(), EOS), torch.tensor([0.5]))
+    # shifted by one token the same classes fall into other units: alignment matters
+    shifted = torch.tensor([[0, 4, 5, 6, 7, 9, 3, 9, 9, 9, 9]])
+    assert float(task_scores("units", shifted, torch.ones_like(shifted), _classes(), EOS)[0]) == 0.0
+    # a unit cut by EOS or padding is no unit; a response without a whole unit scores 0
+    cut = torch.tensor([[4, 5, 6, 7, 8, 9, 9, EOS, 0, 0], [9, 9, 9, 0, 0, 0, 0, 0, 0, 0]])
+    mask = torch.tensor([[1] * 8 + [0, 0], [1, 1, 1] + [0] * 7])
+    assert torch.allclose(task_scores("units", cut, mask, _classes(), EOS), torch.tensor([1.0, 0.0]))
+
+
+def test_units_reference_on_random_responses():
+    """Against a per-response loop over units, on random ids, lengths and EOS."""
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 100, (64, 23), generator=generator)
+    lengths = torch.randint(0, 24, (64,), generator=generator)
+    mask = (torch.arange(23)[None] < lengths[:, None]).long()
+    scores = task_scores("units", ids, mask, _classes(), EOS)
+    for row in range(64):
+        real = [int(t) for t, m in zip(ids[row], mask[row]) if m]
+        units = [ids[row, i : i + 5].tolist() for i in range(0, 23 - 4, 5)]
+        kept = [u for i, u in enumerate(units) if 5 * i + 5 <= len(real) and EOS not in u]
+        hits = sum(all(t % 10 >= 4 for t in u) for u in kept)
+        assert float(scores[row]) == pytest.approx(hits / max(len(kept), 1))
+
+
 def test_unknown_task_is_an_error():
     with pytest.raises(ValueError, match="unknown task"):
         task_scores("nonsense", torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), _classes(), EOS)

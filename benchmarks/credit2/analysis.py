@@ -1,0 +1,170 @@
+"""From a task's reported runs to per-arm figures and the decided comparisons.
+
+Per arm and cost axis: the reach rate with its exact interval, the Kaplan-Meier curve, the
+restricted mean cost to threshold with a bootstrap interval. Per decided comparison (family
+best A against family best B): the log-rank test on every axis, the ratio of restricted means
+with a bootstrap interval (above 1: A needs less), and the comparison's power. Then the
+decision rule across tasks (Holm over the tasks of one comparison) and its sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import power as P
+from . import survival as S
+from .protocol import AXES, Protocol
+from .study import TaskPlan
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    family: str
+    lr: float
+    records: list[dict]
+    outcomes: dict[str, S.Outcomes]  # axis -> outcomes
+    reach_ci: tuple[float, float]
+    restricted: dict[str, tuple[float, float, float]]  # axis -> (mean, low, high)
+    final: float  # mean over runs of the last window's mean score
+
+    @property
+    def runs(self) -> int:
+        return len(self.records)
+
+    @property
+    def reached(self) -> int:
+        return self.outcomes["steps"].reached
+
+
+@dataclass
+class ComparisonResult:
+    task: str
+    name: str
+    a: ArmResult
+    b: ArmResult
+    logrank: dict[str, tuple[float, float]]  # axis -> (z, p)
+    ratio: dict[str, tuple[float, float, float]]  # axis -> RMST(b) / RMST(a) with interval
+    power: dict[str, float] = field(default_factory=dict)
+    adjusted: float = float("nan")  # Holm-adjusted p on the decision axis
+    verdict: str = ""
+
+
+def horizons(protocol: Protocol, records: list[dict], steps: int) -> dict[str, float]:
+    """Per axis, the horizon of the restricted means: the budget on steps and responses; on
+    tokens the smallest total of any run of the task, so every run is followed that far."""
+    tokens = min(float(sum(r["generated_tokens"])) for r in records)
+    return {"steps": float(steps), "responses": float(steps * protocol.responses_per_step), "tokens": tokens}
+
+
+def arm_result(protocol: Protocol, arm: str, lr: float, records: list[dict], horizon: dict[str, float]) -> ArmResult:
+    outs = {axis: S.outcomes(records, axis, protocol.threshold, protocol.window) for axis in AXES}
+    restricted = {}
+    for axis in AXES:
+        h = horizon[axis]
+        mean = S.restricted_mean(outs[axis], h)
+        low, high = S.bootstrap(lambda o, h=h: S.restricted_mean(o, h), [outs[axis]], protocol.bootstrap_resamples, protocol.confidence)
+        restricted[axis] = (mean, low, high)
+    final = float(np.mean([np.mean(r["score"][-protocol.window :]) for r in records]))
+    reach = S.reach_interval(outs["steps"].reached, len(records), protocol.confidence)
+    return ArmResult(arm, protocol.arms[arm].family, lr, records, outs, reach, restricted, final)
+
+
+def task_results(protocol: Protocol, plan: TaskPlan) -> tuple[dict[str, ArmResult], dict[str, float]]:
+    rung = plan.rung
+    horizon = horizons(protocol, plan.reported, rung.steps)
+    out = {}
+    for arm in protocol.arms:
+        records = [r for r in plan.reported if r["arm"] == arm]
+        if records:
+            out[arm] = arm_result(protocol, arm, rung.rates[arm].winner, records, horizon)
+    return out, horizon
+
+
+def tuning_reach_costs(protocol: Protocol, plan: TaskPlan) -> np.ndarray:
+    """Steps to threshold of the tuning runs (at chosen rates) that reached it: the cost
+    distribution the power simulation draws from."""
+    rung = plan.rung
+    steps = [S.reached_step(r["score"], protocol.threshold, protocol.window) for r in rung.records
+             if r["lr"] == rung.rates[r["arm"]].winner]  # fmt: skip
+    return np.asarray([s for s in steps if s is not None], dtype=float)
+
+
+def compare(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], horizon: dict[str, float]) -> list[ComparisonResult]:
+    results = []
+    tests = len(protocol.tasks)  # Holm's first step tests at alpha / tasks
+    observed = tuning_reach_costs(protocol, plan)
+    for c in protocol.comparisons:
+        a, b = (arms.get(plan.rung.families[f].winner) for f in (c.a, c.b))
+        if a is None or b is None:
+            continue
+        ranks = {axis: S.logrank(a.outcomes[axis], b.outcomes[axis]) for axis in AXES}
+        ratio = {}
+        for axis in AXES:
+            h = horizon[axis]
+
+            def rmst_ratio(x, y, h=h):
+                return S.restricted_mean(y, h) / S.restricted_mean(x, h)
+
+            value = rmst_ratio(a.outcomes[axis], b.outcomes[axis])
+            low, high = S.bootstrap(rmst_ratio, [a.outcomes[axis], b.outcomes[axis]], protocol.bootstrap_resamples, protocol.confidence)
+            ratio[axis] = (value, low, high)
+        result = ComparisonResult(plan.task, c.name, a, b, ranks, ratio)
+        alpha = protocol.alpha / tests
+        for label, s in protocol.power_scenarios.items():
+            reach = (float(s["reach"][0]), float(s["reach"][1]))
+            result.power[f"log-rank {label}"] = P.logrank_power(reach, float(s["speedup"]), (a.runs, b.runs), observed,
+                                                                plan.rung.steps, alpha, protocol.power_simulations)  # fmt: skip
+            if float(s["speedup"]) == 1.0:
+                result.power[f"Fisher {label}"] = P.fisher_power(*reach, a.runs, b.runs, alpha)
+        results.append(result)
+    return results
+
+
+def decide(protocol: Protocol, comparisons: list[ComparisonResult]) -> None:
+    """Holm over the tasks of each comparison on the decision axis; each result's verdict."""
+    by_name: dict[str, list[ComparisonResult]] = {}
+    for c in comparisons:
+        by_name.setdefault(c.name, []).append(c)
+    for group in by_name.values():
+        adjusted = S.holm([c.logrank[protocol.axis][1] for c in group])
+        for c, p in zip(group, adjusted):
+            c.adjusted = p
+            z = c.logrank[protocol.axis][0]
+            ratio = c.ratio[protocol.axis][0]
+            if p >= protocol.alpha:
+                c.verdict = "no difference detected"
+            elif (z > 0) == (ratio > 1):
+                c.verdict = "A sooner" if z > 0 else "B sooner"
+            else:
+                c.verdict = "curves cross"  # the test sees a difference, the restricted means point the other way
+
+
+def sentences(protocol: Protocol, comparisons: list[ComparisonResult], partial: bool) -> list[str]:
+    """The README's statement: one sentence per comparison, from the verdicts alone."""
+    axis_words = {"steps": "steps", "responses": "responses", "tokens": "generated tokens"}[protocol.axis]
+    out = []
+    for c in protocol.comparisons:
+        group = [r for r in comparisons if r.name == c.name]
+        if not group:
+            continue
+        a, b = protocol.families[c.a], protocol.families[c.b]
+        arms_a, arms_b = (", ".join(sorted({getattr(r, side).arm for r in group})) for side in ("a", "b"))
+        parts = []
+        for verdict, words in (("A sooner", f"fewer {axis_words} to the threshold"), ("B sooner", f"more {axis_words} to the threshold"),
+                               ("curves cross", "a different course (the Kaplan-Meier curves cross)")):  # fmt: skip
+            tasks = [f"`{r.task}` (adjusted p = {r.adjusted:.2g})" for r in group if r.verdict == verdict]
+            if tasks:
+                parts.append(f"needed {words} on {', '.join(tasks)}")
+        none = [r for r in group if r.verdict == "no difference detected"]
+        if none:
+            powers = [r.power.get("log-rank faster", float("nan")) for r in none]
+            span = f"{min(powers):.2f}" if min(powers) == max(powers) else f"{min(powers):.2f}-{max(powers):.2f}"
+            parts.append(f"no difference was detected on {', '.join(f'`{r.task}`' for r in none)} "
+                         f"(power to detect half the cost at equal reach rates: {span})")  # fmt: skip
+        out.append(f"{a} ({arms_a}) against {b} ({arms_b}): " + "; ".join(parts) + ".")
+    if partial:
+        out.append("(Partial: not every task of the protocol has all its runs; the sentences cover the tasks that do.)")
+    return out

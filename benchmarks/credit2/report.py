@@ -1,0 +1,109 @@
+"""What the study prints: calibration, tuning, per-arm tables, comparisons, deviations, the sentence."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .analysis import ArmResult, ComparisonResult
+from .protocol import AXES, Protocol, needed_reach
+from .study import TaskPlan
+
+
+def _cost(value: float, axis: str) -> str:
+    return f"{value:,.0f}" if axis == "tokens" else f"{value:.1f}"
+
+
+def print_calibration(protocol: Protocol, plan: TaskPlan) -> None:
+    need = needed_reach(protocol)
+    for rung in plan.rungs:
+        lr = rung.rates[rung.best].winner
+        verdict = "passes" if rung.passed else "fails"
+        print(f"# {plan.task}: calibration at {rung.steps} steps: best arm {rung.best} (lr {lr:g}) reached the threshold "
+              f"on {rung.reach[0]} of {rung.reach[1]} tuning runs (needs {need}): {verdict}")  # fmt: skip
+
+
+def print_tuning(protocol: Protocol, plan: TaskPlan) -> None:
+    rung = plan.rung
+    print(f"\n## {plan.task}: tuning at {rung.steps} steps on seeds {list(protocol.tuning.seeds)}")
+    print(f"{'arm':<14}{'family':<12}{'grid':<30}{'lr':>8}{'score':>8}{'next':>8}{'margin':>8}  {'reach':>6}  tie")
+    for arm, choice in rung.rates.items():
+        k, n = _reach(protocol, rung, arm)
+        tie = "exact (lower rate)" if choice.exact_tie else ("near" if choice.near_tie else "")
+        grid = ",".join(f"{lr:g}" for lr in rung.grids[arm])
+        print(f"{arm:<14}{protocol.arms[arm].family:<12}{grid:<30}{choice.winner:>8g}{choice.score:>8.3f}"
+              f"{choice.runner_up if choice.runner_up is not None else '-':>8}{choice.margin:>8.3f}  {f'{k}/{n}':>6}  {tie}")  # fmt: skip
+    for family, choice in rung.families.items():
+        tie = " (exact tie, broken by the protocol's arm order)" if choice.exact_tie else (" (near tie: within one standard error)" if choice.near_tie else "")
+        runner = f", next {choice.runner_up} by {choice.margin:.3f}" if choice.runner_up else ""
+        print(f"# {plan.task}: best of {family}: {choice.winner} (tuning score {choice.score:.3f}{runner}){tie}")
+
+
+def _reach(protocol: Protocol, rung, arm: str) -> tuple[int, int]:
+    from .tuning import reach_count
+
+    return reach_count(rung.records, arm, rung.rates[arm].winner, protocol.threshold, protocol.window)
+
+
+def print_arms(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], horizon: dict[str, float]) -> None:
+    steps = plan.rung.steps
+    print(f"\n## {plan.task}: {protocol.tokens[plan.task]} tokens, {steps} steps x {protocol.responses_per_step} responses, "
+          f"threshold {protocol.threshold:g} of the best score (trailing {protocol.window}-step mean)")  # fmt: skip
+    print("restricted mean cost to threshold (horizon: " + ", ".join(f"{a} {_cost(h, a)}" for a, h in horizon.items())
+          + f"), {protocol.confidence:.0%} bootstrap intervals; reach rate with exact (Clopper-Pearson) interval")
+    print(f"{'arm':<14}{'lr':>7}{'runs':>5}{'reached':>17}{'steps':>22}{'tokens':>28}{'final':>7}{'seg':>6}{'tok/step':>9}")
+    decided = plan.decided_arms
+    for name, a in arms.items():
+        reach = f"{a.reached}/{a.runs} [{a.reach_ci[0]:.2f},{a.reach_ci[1]:.2f}]"
+        st, tk = a.restricted["steps"], a.restricted["tokens"]
+        mark = "*" if name in decided else " "
+        per_step = sum(sum(r["generated_tokens"]) for r in a.records) / sum(len(r["score"]) for r in a.records)
+        segment = sum(r["segment_length"] for r in a.records) / a.runs
+        print(f"{mark}{name:<13}{a.lr:>7g}{a.runs:>5}{reach:>17}{f'{st[0]:.1f} [{st[1]:.1f}, {st[2]:.1f}]':>22}"
+              f"{f'{tk[0]:,.0f} [{tk[1]:,.0f}, {tk[2]:,.0f}]':>28}{a.final:>7.3f}{segment:>6.1f}{per_step:>9.0f}")  # fmt: skip
+    print("(* a family's best arm: the decided comparisons use it; responses = steps x "
+          f"{protocol.responses_per_step} for every arm)")
+
+
+def print_comparisons(protocol: Protocol, comparisons: list[ComparisonResult]) -> None:
+    print(f"\n## decided comparisons (log-rank; the decision uses {protocol.axis}, Holm over the tasks of a comparison; "
+          f"ratio = restricted mean of B / of A, above 1: A needs less)")  # fmt: skip
+    for c in comparisons:
+        print(f"{c.task}: {c.name}: {c.a.arm} ({c.a.reached}/{c.a.runs}) vs {c.b.arm} ({c.b.reached}/{c.b.runs}): {c.verdict}, "
+              f"adjusted p {c.adjusted:.3g}")  # fmt: skip
+        for axis in AXES:
+            z, p = c.logrank[axis]
+            r = c.ratio[axis]
+            print(f"    {axis:<10} log-rank z {z:+.2f}, p {p:.3g}; restricted-mean ratio {r[0]:.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
+        power = ", ".join(f"{k} {v:.2f}" for k, v in c.power.items())
+        print(f"    power at alpha/{len(protocol.tasks)} with {c.a.runs} vs {c.b.runs} runs: {power}")
+
+
+def deviations(protocol: Protocol, plans: list[TaskPlan]) -> list[str]:
+    """Every way the study as run differs from the protocol (printed; none is silent)."""
+    out = []
+    planned = set(protocol.tasks)
+    for task in sorted(planned - {p.task for p in plans}):
+        out.append(f"{task}: not run (left out with --tasks)")
+    for plan in plans:
+        if not plan.complete:
+            out.append(f"{plan.task}: calibration/tuning unfinished ({sum(len(r.records) for r in plan.rungs)} tuning runs saved in finished rungs): no result")
+            continue
+        rung = plan.rung
+        if not rung.passed:
+            out.append(f"{plan.task}: no budget of the ladder {list(protocol.steps_ladder)} passed calibration; run at the last, "
+                       f"{rung.steps} steps")  # fmt: skip
+        out += [f"{m} (the grid was not extended further)" for r in plan.rungs for m in r.limits]
+        if not plan.reported_complete:
+            expected = sum(len(protocol.reported_seeds(a in plan.decided_arms)) for a in protocol.arms)
+            out.append(f"{plan.task}: {len(plan.reported)} of {expected} reported runs saved (partial result)")
+        records = [r for rung_ in plan.rungs for r in rung_.records] + plan.reported
+        other = Counter(r["protocol"] for r in records if r.get("protocol") != protocol.digest())
+        for digest, count in other.items():
+            out.append(f"{plan.task}: {count} runs were made under protocol {digest}, not {protocol.digest()}")
+    return out
+
+
+def machines(plans: list[TaskPlan]) -> str:
+    cpus = Counter(r.get("cpu", "?") for p in plans for rung in p.rungs for r in rung.records)
+    cpus.update(r.get("cpu", "?") for p in plans for r in p.reported)
+    return "; ".join(f"{cpu}: {n} runs" for cpu, n in cpus.most_common())

@@ -1,0 +1,84 @@
+"""One training run of the study, and the resumable pool that runs many.
+
+A run is (task, arm, learning rate, seed, steps, response tokens): the PPO stage's own
+``ppo.run`` on the tiny random-init policy with the task's reward, everything else equal
+(the protocol's ``stage`` settings, 8 responses per step). Every finished run is a small JSON
+file (its per-step score, responses and generated tokens, the CPU it ran on and the protocol
+hash it ran under), skipped when the study runs again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCHMARKS))
+import _harness as H  # noqa: E402
+import credit_study as first_edition  # noqa: E402
+from credit_study import _prompts, _reward  # noqa: E402  (the first edition's, unchanged)
+
+from .protocol import Protocol  # noqa: E402
+
+
+def make_job(protocol: Protocol, task: str, arm: str, lr: float, seed: int, steps: int) -> dict:
+    return {"task": task, "arm": arm, "lr": round(float(lr), 10), "seed": int(seed), "steps": int(steps),
+            "tokens": protocol.tokens[task], "flags": protocol.arms[arm].flags, "stage": protocol.stage,
+            "responses_per_step": protocol.responses_per_step, "protocol": protocol.digest()}  # fmt: skip
+
+
+def job_path(root: Path, job: dict) -> Path:
+    return root / job["task"] / f"{job['arm']}-lr{job['lr']:g}-s{job['seed']}-{job['steps']}steps-{job['tokens']}tok.json"
+
+
+def run_job(job: dict) -> dict:
+    """Train one job with the stage (in a worker process); its per-step record."""
+    from marlhf_cli.train import ppo
+
+    flags, stage = dict(job["flags"]), dict(job["stage"])
+    model = stage.pop("model")
+    group = flags.get("samples_per_prompt", 1)
+    work = Path(tempfile.mkdtemp(prefix="marlhf-credit2-run-"))
+    try:
+        config = H.ppo_config(
+            work, name="run", policy=model, reward_model=model, dataset=_prompts(), **flags, **stage,
+            rollout_batch_size=job["responses_per_step"] // group, mini_batch_size=job["responses_per_step"],
+            max_new_tokens=job["tokens"], actor_lr=job["lr"], critic_lr=job["lr"], max_steps=job["steps"],
+            eval_every=0, eval_prompts=0, save_every=0, seed=job["seed"],
+        )  # fmt: skip
+        started = time.perf_counter()
+        ppo.run(config, reward_fn=_reward(job["task"], model))
+        seconds = time.perf_counter() - started
+        rows = H.train_rows(work, "run")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # a tiny run's checkpoints are ~13 MB each
+    import torch
+
+    return {
+        **job,
+        "score": [row["score"] for row in rows],
+        "responses": [row["responses"] for row in rows],
+        "generated_tokens": [row["generated_tokens"] for row in rows],
+        "segment_length": statistics.mean(row["segment_length"] for row in rows),
+        "step_time": statistics.median(row["step_time"] for row in rows),
+        "seconds": seconds,
+        "cpu": H.cpu_model(),
+        "torch": torch.__version__,
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def saved(root: Path, jobs: list[dict]) -> list[dict]:
+    """The saved records of ``jobs`` (those that have one), in the jobs' order."""
+    return [json.loads(job_path(root, job).read_text()) for job in jobs if job_path(root, job).is_file()]
+
+
+def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: str) -> list[dict]:
+    """Run the jobs not already saved under ``root`` (``workers`` at a time); every job's record."""
+    return first_edition.run_jobs(jobs, root, workers, threads, run=run_job, path_of=job_path, label=label)
