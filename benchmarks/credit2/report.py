@@ -25,13 +25,17 @@ def print_calibration(protocol: Protocol, plan: TaskPlan) -> None:
 def print_tuning(protocol: Protocol, plan: TaskPlan) -> None:
     rung = plan.rung
     print(f"\n## {plan.task}: tuning at {rung.steps} steps on seeds {list(protocol.tuning.seeds)}")
-    print(f"{'arm':<14}{'family':<12}{'grid':<30}{'lr':>8}{'score':>8}{'next':>8}{'margin':>8}  {'reach':>6}  tie")
+    grids = {arm: ",".join(f"{lr:g}" for lr in rung.grids[arm]) for arm in rung.rates}
+    width = max(len(g) for g in grids.values()) + 2
+    print(f"{'arm':<14}{'family':<12}{'grid':<{width}}{'lr':>7}{'score':>7}{'next':>8}{'margin':>8}{'reach':>7}  tie")
     for arm, choice in rung.rates.items():
         k, n = _reach(protocol, rung, arm)
         tie = "exact (lower rate)" if choice.exact_tie else ("near" if choice.near_tie else "")
-        grid = ",".join(f"{lr:g}" for lr in rung.grids[arm])
-        print(f"{arm:<14}{protocol.arms[arm].family:<12}{grid:<30}{choice.winner:>8g}{choice.score:>8.3f}"
-              f"{choice.runner_up if choice.runner_up is not None else '-':>8}{choice.margin:>8.3f}  {f'{k}/{n}':>6}  {tie}")  # fmt: skip
+        runner_up = "-" if choice.runner_up is None else f"{choice.runner_up:g}"
+        print(f"{arm:<14}{protocol.arms[arm].family:<12}{grids[arm]:<{width}}{choice.winner:>7g}{choice.score:>7.3f}"
+              f"{runner_up:>8}{choice.margin:>8.3f}{f'{k}/{n}':>7}  {tie}")  # fmt: skip
+    print("(score: mean training score over the run and the tuning seeds; next: the runner-up rate; reach: tuning runs "
+          "at the chosen rate that reached the threshold; tie near: the runner-up within one standard error)")
     for family, choice in rung.families.items():
         tie = " (exact tie, broken by the protocol's arm order)" if choice.exact_tie else (" (near tie: within one standard error)" if choice.near_tie else "")
         runner = f", next {choice.runner_up} by {choice.margin:.3f}" if choice.runner_up else ""
@@ -50,7 +54,7 @@ def print_arms(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], h
           f"threshold {protocol.threshold:g} of the best score (trailing {protocol.window}-step mean)")  # fmt: skip
     print("restricted mean cost to threshold (horizon: " + ", ".join(f"{a} {_cost(h, a)}" for a, h in horizon.items())
           + f"), {protocol.confidence:.0%} bootstrap intervals; reach rate with exact (Clopper-Pearson) interval")
-    print(f"{'arm':<14}{'lr':>7}{'runs':>5}{'reached':>17}{'steps':>22}{'tokens':>28}{'final':>7}{'seg':>6}{'tok/step':>9}")
+    print(f"{'arm':<14}{'lr':>7}  {'reached [95% CI]':<21}{'steps [95% CI]':>22}{'tokens [95% CI]':>28}{'final':>7}{'seg':>6}{'tok/step':>9}")
     decided = plan.decided_arms
     for name, a in arms.items():
         reach = f"{a.reached}/{a.runs} [{a.reach_ci[0]:.2f},{a.reach_ci[1]:.2f}]"
@@ -58,10 +62,11 @@ def print_arms(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], h
         mark = "*" if name in decided else " "
         per_step = sum(sum(r["generated_tokens"]) for r in a.records) / sum(len(r["score"]) for r in a.records)
         segment = sum(r["segment_length"] for r in a.records) / a.runs
-        print(f"{mark}{name:<13}{a.lr:>7g}{a.runs:>5}{reach:>17}{f'{st[0]:.1f} [{st[1]:.1f}, {st[2]:.1f}]':>22}"
+        print(f"{mark}{name:<13}{a.lr:>7g}  {reach:<21}{f'{st[0]:.1f} [{st[1]:.1f}, {st[2]:.1f}]':>22}"
               f"{f'{tk[0]:,.0f} [{tk[1]:,.0f}, {tk[2]:,.0f}]':>28}{a.final:>7.3f}{segment:>6.1f}{per_step:>9.0f}")  # fmt: skip
-    print("(* a family's best arm: the decided comparisons use it; responses = steps x "
-          f"{protocol.responses_per_step} for every arm)")
+    print(f"(* a family's best arm: the decided comparisons use it; steps and tokens: restricted means; final: mean "
+          f"score of the last {protocol.window} steps; seg: mean segment length; responses = steps x "
+          f"{protocol.responses_per_step} for every arm)")  # fmt: skip
 
 
 def print_comparisons(protocol: Protocol, comparisons: list[ComparisonResult]) -> None:
