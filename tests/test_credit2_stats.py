@@ -233,6 +233,10 @@ def test_decision_rule_uses_holm_over_tasks_and_the_direction_of_the_test():
     A.decide(protocol, results)
     assert [r.verdict for r in results] == ["A sooner", "B sooner", "no difference detected"]
     assert [round(r.adjusted, 3) for r in results] == [0.03, 0.04, 0.2]
+    # with one task's result missing, Holm still counts three tasks (the missing one as p = 1)
+    partial = results[:2]
+    A.decide(protocol, partial)
+    assert [round(r.adjusted, 3) for r in partial] == [0.03, 0.04]
     (sentence,) = A.sentences(protocol, results, partial=False)
     assert sentence.startswith("MA-PPO (fixed5) against token PPO (ppo):")
     assert "fewer generated tokens to the threshold on `target`" in sentence and "more generated tokens to the threshold on `units`" in sentence

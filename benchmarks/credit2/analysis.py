@@ -129,7 +129,9 @@ def decide(protocol: Protocol, comparisons: list[ComparisonResult]) -> None:
     for c in comparisons:
         by_name.setdefault(c.name, []).append(c)
     for group in by_name.values():
-        adjusted = S.holm([c.logrank[protocol.axis][1] for c in group])
+        # a task without a result yet enters as p = 1: Holm's m stays the protocol's number of tasks
+        missing = [1.0] * (len(protocol.tasks) - len(group))
+        adjusted = S.holm([c.logrank[protocol.axis][1] for c in group] + missing)
         for c, p in zip(group, adjusted):
             c.adjusted = p
             z = c.logrank[protocol.axis][0]
