@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     H.apply_device_args(args)
     from marlhf_cli.train.ppo import credit
-from marlhf_cli.train import ppo
+    from marlhf_cli.train import ppo
 
     data = dict(dataset="hh", data_file=str(H.HH_HELPFUL)) if H.HH_HELPFUL.is_file() else dict(dataset="hh")
     run_dir = tempfile.mkdtemp(prefix="marlhf-step-cost-")
