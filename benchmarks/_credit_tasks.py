@@ -58,17 +58,19 @@ def task_scores(task: str, ids: torch.Tensor, mask: torch.Tensor, classes: torch
 
 
 class TaskReward:
-    """A study task as the PPO stage's reward function (a ``RewardFn``)."""
+    """A study task as the PPO stage's reward function (a ``RewardFn``). The token classes come
+    from the embedding of ``model``, the policy's initial weights (random-init: 'tiny' or a
+    'random:<shape>')."""
 
-    def __init__(self, task: str):
+    def __init__(self, task: str, model: str = "tiny"):
         from marlhf_cli.models import load_causal_lm, load_tokenizer
 
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         self.task = task
         self.name = f"task {task}"
-        self.classes = token_classes(load_causal_lm("tiny").get_input_embeddings().weight.detach())
-        self.eos_token_id = load_tokenizer("tiny").eos_token_id
+        self.classes = token_classes(load_causal_lm(model).get_input_embeddings().weight.detach().cpu())
+        self.eos_token_id = load_tokenizer(model).eos_token_id
 
     def __call__(self, batch) -> torch.Tensor:
         return task_scores(self.task, batch.response_ids.cpu(), batch.response_mask.cpu(), self.classes, self.eos_token_id)

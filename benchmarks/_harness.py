@@ -53,15 +53,46 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def cpu_model() -> str:
+def _lscpu(field: str) -> str | None:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    for line in out.splitlines():
+        if line.lower().startswith(field.lower() + ":"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_model() -> str:
+    return _lscpu("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> str:
+    """The CPU's vector and matrix extensions (what decides its bf16 and fp32 speed)."""
+    flags = (_lscpu("flags") or "").split()
+    wanted = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sve", "asimd"))]
+    return " ".join(wanted) or "none of avx/amx/fma/sve listed"
+
+
+def device_report() -> str:
+    """What a figure ran on: every GPU torch sees (name, memory, compute capability, bf16 peak)
+    with torch's CUDA version, else the CPU's model, cores and vector extensions."""
+    import torch
+
+    from _flops import bf16_peak
+
+    if torch.cuda.is_available():
+        lines = [f"# device: {torch.cuda.device_count()} GPU(s), torch {torch.__version__}, CUDA {torch.version.cuda}"]
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            peak, source = bf16_peak(props.name)
+            lines.append(f"# GPU {index}: {props.name}, {props.total_memory / 2**30:.1f} GiB, compute capability "
+                         f"{props.major}.{props.minor}, {props.multi_processor_count} SMs; bf16 dense peak "
+                         f"{peak if peak else 'unknown'} TFLOP/s ({source})")  # fmt: skip
+        return "\n".join(lines)
+    return (f"# device: CPU {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} (no GPU visible)\n"
+            f"# CPU flags: {cpu_flags()}")  # fmt: skip
 
 
 def load_average() -> str:
@@ -77,7 +108,11 @@ def machine_line(args: argparse.Namespace | None = None) -> str:
     parts = [cpu_model(), f"{os.cpu_count()} cores", f"torch {torch.__version__}"]
     if args is not None:
         if args.device == "cuda":
-            parts.append(f"GPU {torch.cuda.get_device_name(0)}")
+            from _flops import bf16_peak
+
+            name = torch.cuda.get_device_name(0)
+            peak, source = bf16_peak(name)
+            parts.append(f"GPU {name} (bf16 dense peak {peak if peak else 'unknown'} TFLOP/s: {source})")
         parts += [f"device {args.device}", args.dtype, f"{torch.get_num_threads()} torch thread(s)/process"]
     parts.append(f"load average {load_average()}")
     return "# machine: " + ", ".join(parts)

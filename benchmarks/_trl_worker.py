@@ -143,6 +143,8 @@ def main() -> None:
         "phases": phase_times(events, gc_spans, marks),
         "params": sum(p.numel() for p in policy.parameters()),
     }
+    if torch.cuda.is_available():
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(result, handle)
 

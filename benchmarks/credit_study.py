@@ -128,10 +128,10 @@ def _init_worker(threads: int, log: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _reward(task: str):
+def _reward(task: str, model: str = "tiny"):
     from _credit_tasks import TaskReward
 
-    return TaskReward(task)
+    return TaskReward(task, model)
 
 
 @functools.lru_cache(maxsize=1)
@@ -145,17 +145,20 @@ def run_job(job: dict) -> dict:
 
     setup = dict(CONFIGS[job["config"]])
     group = setup.get("samples_per_prompt", 1)
+    model = job.get("model", "tiny")  # gpu/credit_scale.py: a larger random-init shape, in bf16
+    if "dtype" in job:
+        setup["dtype"] = job["dtype"]
     work = Path(tempfile.mkdtemp(prefix="marlhf-credit-run-"))
     try:
         config = H.ppo_config(
-            work, name="run", policy="tiny", reward_model="tiny", dataset=_prompts(), **setup,
+            work, name="run", policy=model, reward_model=model, dataset=_prompts(), **setup,
             rollout_batch_size=RESPONSES_PER_STEP // group, mini_batch_size=RESPONSES_PER_STEP,
             max_new_tokens=job["tokens"], max_prompt_length=16, temperature=1.0, top_k=0, kl_coef=0.0,
             actor_lr=job["lr"], critic_lr=job["lr"], max_steps=job["steps"], eval_every=0, eval_prompts=0,
             save_every=0, seed=job["seed"],
         )  # fmt: skip
         started = time.perf_counter()
-        ppo.run(config, reward_fn=_reward(job["task"]))
+        ppo.run(config, reward_fn=_reward(job["task"], model))
         rows = H.train_rows(work, "run")
     finally:
         shutil.rmtree(work, ignore_errors=True)  # models of a tiny run are ~13 MB each

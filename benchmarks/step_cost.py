@@ -1,7 +1,7 @@
 """Cost per PPO step of every termination rule, against vanilla PPO, on the same model and batch.
 
     python benchmarks/step_cost.py [--model smollm2-135m] [--batch 8] [--new-tokens 48] [--rounds 2]
-                                   [--device cpu|cuda] [--dtype fp32|bf16] [--threads 1]
+                                   [--device cpu|cuda] [--dtype fp32|bf16] [--threads 1] [--json FILE]
 
 One process builds the PPO stage's models once (policy, reference, critic and reward model
 from ``--model``; prompts from HH-RLHF in ../shared/data, else the embedded sample) and runs
@@ -23,6 +23,12 @@ segments at credit assignment, so the parser runs while the reference, critic an
 forwards do; the ``credit s`` column is then only what is left to wait for. The rows marked
 ``--parse-workers 1`` measure that. The last line is the headline: the worst rule's
 step-time ratio, each text rule counted in its faster setting.
+
+On a GPU (``--device cuda``; e.g. ``--model random:smollm2-1.7b --dtype bf16``, a random-init
+model of SmolLM2-1.7B's shape) a second table gives per rule the peak GPU memory of its timed
+steps (``torch.cuda.max_memory_allocated``) and the achieved model TFLOP/s (``_flops.py``: the
+matrix work PPO needs over the step time) with its share of the GPU's dense bf16 peak.
+``--json FILE`` writes every figure of both tables.
 """
 
 from __future__ import annotations
@@ -72,9 +78,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (plus one warm-up round)")
     parser.add_argument("--rules", default=None, help="comma-separated rules to run, by label (default: all; vanilla always runs)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--flops", action="store_true", help="the TFLOP/s table on a CPU too (always shown on a GPU)")
     H.add_device_args(parser)
     args = parser.parse_args()
     H.apply_device_args(args)
+    import torch
+
     from marlhf_cli.train.ppo import credit
     from marlhf_cli.train import ppo
 
@@ -106,7 +116,11 @@ def main() -> None:
                 config.termination, config.n = termination, n
                 ctx.rule = credit.make_rule(config)
                 ctx.executor = pool if how == "pool" else None
+                if args.device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
                 metrics = ppo.ppo_step(ctx, rnd)
+                if args.device == "cuda":
+                    metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 if rnd > 0:
                     times[label].append(metrics)
             print(f"# round {rnd} done ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -121,7 +135,47 @@ def main() -> None:
             best[name] = label
     worst = max(best.values(), key=lambda label: ratio(times, label, "step_time")[0])
     value, low, high = ratio(times, worst, "step_time")
+    gpu = gpu_report(rules, times, ctx.models.actor.module.config, args) if args.device == "cuda" or args.flops else None
     print(f"worst rule: {worst}, MA-PPO / PPO step time = {value:.2f}x (rounds {low:.2f}-{high:.2f})")
+    if args.json:
+        from marlhf_cli.artifacts import write_json
+
+        write_json(args.json, {
+            "machine": H.machine_line(args), "model": args.model, "params": params, "batch": args.batch,
+            "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds, "dtype": args.dtype,
+            "rules": {label: {"median": {k: H.median([r[k] for r in times[label]]) for k in times[label][0]},
+                              "step_ratio": ratio(times, label, "step_time"), **((gpu or {}).get(label, {}))}
+                      for label, *_ in rules},
+            "worst_rule": worst, "worst_step_ratio": value,
+        })  # fmt: skip
+        print(f"# figures written to {args.json}")
+
+
+def gpu_report(rules, times, model_config, args) -> dict[str, dict]:
+    """Per rule: peak GPU memory, achieved model TFLOP/s and its share of the bf16 peak."""
+    import torch
+
+    from _flops import gpu_figures, ppo_step_flops
+
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else H.cpu_model()
+    out = {}
+    print(f"{'rule':<28}{'step s':>8}{'tok/s':>8}{'TFLOP/s':>9}{'% peak':>8}{'peak GiB':>10}")
+    for label, *_ in rules:
+        rows = times[label]
+        step = H.median([r["step_time"] for r in rows])
+        flops = ppo_step_flops(model_config, responses=args.batch, prompt_tokens=args.prompt_tokens,
+                               response_tokens=H.median([r["response_length"] for r in rows]))  # fmt: skip
+        figures = gpu_figures(flops, step, name)
+        peaks = [r["peak_memory_gib"] for r in rows if "peak_memory_gib" in r]  # on a GPU only
+        figures["peak_memory_gib"] = max(peaks) if peaks else None
+        share = f"{100 * figures['share_of_peak']:.1f}" if figures["share_of_peak"] is not None else "n/a"
+        memory = f"{figures['peak_memory_gib']:.2f}" if peaks else "n/a"
+        print(f"{label:<28}{step:>8.3f}{H.median([r['tokens_per_second'] for r in rows]):>8.0f}"
+              f"{figures['tflops']:>9.3f}{share:>8}{memory:>10}")  # fmt: skip
+        out[label] = figures
+    print(f"# TFLOP/s: model FLOPs of the step (benchmarks/_flops.py, prompts counted at {args.prompt_tokens} tokens) "
+          f"/ median step time; peak: {out[rules[0][0]]['peak_source']}")  # fmt: skip
+    return out
 
 
 def ratio(times, label, key):

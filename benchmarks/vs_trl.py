@@ -4,6 +4,7 @@
       && benchmarks/.venv-trl/bin/pip install torch==2.13.0 && benchmarks/.venv-trl/bin/pip install trl==1.12.0
     python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--threads 1] [--device cpu|cuda] [--dtype fp32|bf16]
                                 [--hidden 256 --layers 4 | --model smollm2-135m] [--marlhf-dtype bf16] [--no-shipped]
+                                [--trl-python PYTHON] [--json FILE] [--flops]
 
 TRL removed PPO in 1.13, so TRL runs from its own virtualenv (``--trl-python``, default
 ``benchmarks/.venv-trl/bin/python``; torch first, so pip keeps the CPU build). This script
@@ -15,7 +16,14 @@ runs, alternately, ``rounds`` times each, a fresh marlhf process (``ppo.run``, v
 batch 8, one PPO epoch, one minibatch, 64 new tokens at temperature 0.8 with no top-k/top-p
 (TRL's sampler has none), stop at EOS, KL 0.05 (k1), clip 0.2, lr 1.5e-5, fp32 on a CPU.
 ``--model smollm2-135m`` uses real weights instead: the policy as is, the reward model (and
-so both critics) the same backbone with a new scalar head.
+so both critics) the same backbone with a new scalar head; ``--model random:smollm2-1.7b``
+(or ``-135m``, ``-360m``) a random-init model of SmolLM2's shape, saved in ``--dtype``.
+Prompts: HH-RLHF from ../shared/data, else the package's embedded samples.
+
+On a GPU (``--device cuda``, where TRL is installed beside marlhf: ``--trl-python python3``)
+each tool's peak GPU memory (``torch.cuda.max_memory_allocated`` over its whole run) and
+achieved model TFLOP/s (``_flops.py``) with its share of the GPU's dense bf16 peak are
+printed too (``--flops`` prints TFLOP/s on a CPU); ``--json FILE`` writes every figure.
 
 Each round runs three fresh processes (order reversed every other round): marlhf, TRL with
 ``gc.collect()`` made a no-op in its process ("trl-core": TRL calls it twice per step, work
@@ -65,10 +73,14 @@ def prepare(work: Path, args) -> dict:
     if args.model:  # real weights: the policy as is, the reward model with a fresh scalar head
         from marlhf_cli.models import load_causal_lm, load_reward_model
 
-        for name, model in (("policy", load_causal_lm(args.model)), ("reward", load_reward_model(args.model))):
+        # saved in bf16 for a bf16 comparison (half the bytes of a 1.7B model to write and read)
+        dtype = "bf16" if args.dtype == "bf16" else None
+        policy = load_causal_lm(args.model, dtype=dtype)
+        params = sum(p.numel() for p in policy.parameters())
+        for name, model in (("policy", policy), ("reward", load_reward_model(args.model, dtype=dtype))):
             model.save_pretrained(work / name)
             tokenizer.save_pretrained(work / name)
-        params = sum(p.numel() for p in load_causal_lm(args.model).parameters())
+            del model
         return write_prompts(work, args, tokenizer, params)
     overrides = {}
     if args.hidden:
@@ -89,19 +101,23 @@ def write_prompts(work: Path, args, tokenizer, params: int) -> dict:
     """HH-RLHF prompts as text (marlhf's dataset) and as ids (TRL's), cut the same way."""
     from marlhf_cli.train.encode import encode_prompt
 
-    rows = [json.loads(line) for line in H.HH_HELPFUL.read_text(encoding="utf-8").splitlines()] if H.HH_HELPFUL.is_file() else []
-    prompts = []
-    for row in rows:
-        prompt = row["chosen"][: row["chosen"].rfind("\n\nAssistant:") + len("\n\nAssistant:")]
-        if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= args.prompt_tokens + 4:
-            prompts.append(prompt)
+    if H.HH_HELPFUL.is_file():
+        rows = [json.loads(line) for line in H.HH_HELPFUL.read_text(encoding="utf-8").splitlines()]
+        texts = [row["chosen"][: row["chosen"].rfind("\n\nAssistant:") + len("\n\nAssistant:")] for row in rows]
+        source = str(H.HH_HELPFUL)
+    else:  # e.g. on a GPU machine without ../shared: the prompts of the samples the package ships
+        from marlhf_cli.data.loader import load_records
+
+        texts = [r["prompt"] for name in ("tldr", "hh", "webgpt") for r in load_records(name).records]
+        source = "the embedded tldr, hh and webgpt samples"
+    prompts = [t for t in texts if len(tokenizer(t, add_special_tokens=False)["input_ids"]) >= args.prompt_tokens + 4]
     if len(prompts) < 64:
-        sys.exit(f"need HH-RLHF prompts at {H.HH_HELPFUL} (found {len(prompts)} long enough)")
+        sys.exit(f"need 64 prompts of {args.prompt_tokens + 4}+ tokens from {source} (found {len(prompts)})")
     prompts = prompts[:400]
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": " ok"}) + "\n" for p in prompts))
     ids = [encode_prompt(tokenizer, p, args.prompt_tokens) for p in prompts]
     (work / "prompt_ids.json").write_text(json.dumps(ids))
-    return {"params": params, "prompts": len(prompts)}
+    return {"params": params, "prompts": len(prompts), "source": source}
 
 
 def marlhf_config(work: Path, args, *, steps: int):
@@ -127,6 +143,8 @@ def marlhf_worker(args) -> None:
     ppo.run(config)
     import torch
 
+    from transformers import AutoConfig
+
     rows = H.train_rows(run_dir, ppo.run_name(config))
     stamps = [row["time"] for row in rows]
     result = {
@@ -137,7 +155,10 @@ def marlhf_worker(args) -> None:
         "tokens_per_step": [row["response_tokens"] for row in rows],
         "phases": {k: [row[k] for row in rows] for k in ("generation_time", "scoring_time", "credit_time", "training_time")},
         "response_length": [row["response_length"] for row in rows],
+        "model_config": AutoConfig.from_pretrained(Path(args.work) / "policy").to_dict(),
     }
+    if torch.cuda.is_available():
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -185,7 +206,10 @@ def main() -> None:
     parser.add_argument("--marlhf-dtype", choices=("fp32", "bf16"), default=None,
                         help="marlhf's dtype when it differs from TRL's (--dtype), e.g. marlhf bf16 against TRL fp32")
     parser.add_argument("--no-shipped", action="store_true", help="skip the runs of TRL as shipped (gc.collect on)")
-    parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON)
+    parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
+                        help="an interpreter with trl 1.12.0 (default: benchmarks/.venv-trl; python3 where TRL is installed beside marlhf)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--flops", action="store_true", help="TFLOP/s on a CPU too (always shown on a GPU)")
     parser.add_argument("--marlhf-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -199,7 +223,15 @@ def main() -> None:
     print(H.machine_line(args))
     work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-"))
     info = prepare(work, args)
+    if args.device == "cuda":  # random: models are built on the GPU; leave its memory to the workers
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
     tools = TOOLS[:2] if args.no_shipped else TOOLS
+    print(f"# prompts from {info['source']}")
     print(f"# {args.model or 'random-init Llama'}, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
           f"batch {SETTINGS['batch']}, {SETTINGS['new_tokens']} new tokens, prompts of {args.prompt_tokens} tokens, "
           f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; "
@@ -212,6 +244,44 @@ def main() -> None:
             results[tool].append(run_tool(tool, work, args, index))
             print(f"# {tool} run {index + 1} done ({results[tool][-1]['process_seconds']:.0f} s for the whole process)", flush=True)
     report(results, args)
+    figures = flops_report(results, args) if args.device == "cuda" or args.flops else {}
+    if args.json:
+        from marlhf_cli.artifacts import write_json
+
+        write_json(args.json, {"machine": H.machine_line(args), "model": args.model, "params": info["params"],
+                               "settings": SETTINGS, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                               "dtype": {"marlhf": args.marlhf_dtype or args.dtype, "trl": args.dtype},
+                               "tools": {tool: {"step_median": statistics.median([t for r in runs for t in r["step_times"][args.warmup:]]),
+                                                "tokens_per_step": statistics.mean(tokens_of(r) for r in runs),
+                                                "runs": runs, **figures.get(tool, {})}
+                                         for tool, runs in results.items()}})  # fmt: skip
+        print(f"# figures written to {args.json}")
+
+
+def flops_report(results: dict[str, list[dict]], args) -> dict[str, dict]:
+    """Per tool: achieved model TFLOP/s (its share of the bf16 peak) and peak GPU memory."""
+    from transformers import LlamaConfig
+
+    from _flops import gpu_figures, ppo_step_flops
+
+    config = LlamaConfig(**results["marlhf"][0]["model_config"])
+    import torch
+
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else H.cpu_model()
+    out = {}
+    for tool, runs in results.items():
+        step = statistics.median([t for r in runs for t in r["step_times"][args.warmup:]])
+        tokens = statistics.mean(tokens_of(r) for r in runs) / SETTINGS["batch"]
+        flops = ppo_step_flops(config, responses=SETTINGS["batch"], prompt_tokens=args.prompt_tokens, response_tokens=tokens)
+        figures = gpu_figures(flops, step, name)
+        peaks = [r["peak_memory_gib"] for r in runs if "peak_memory_gib" in r]
+        figures["peak_memory_gib"] = max(peaks) if peaks else None
+        share = f"{100 * figures['share_of_peak']:.1f}% of the bf16 peak" if figures["share_of_peak"] is not None else "peak unknown"
+        memory = f"{figures['peak_memory_gib']:.2f} GiB" if peaks else "n/a"
+        print(f"{tool}: {figures['tflops']:.3f} model TFLOP/s ({share}), peak GPU memory {memory}")
+        out[tool] = figures
+    print(f"# model TFLOP/s: benchmarks/_flops.py over the median step; peak: {out['marlhf']['peak_source']}")
+    return out
 
 
 def step_median(run: dict, warmup: int) -> float:

@@ -26,6 +26,7 @@ SCHEDULES = ("cosine", "linear")
 JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
 REWARDS = ("model", "apps")
 ADVANTAGES = ("gae", "rloo", "grpo")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
+LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -104,6 +105,25 @@ def _is_rule_list(spec: Any) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class RewardChoice(Accepts):
+    """A named reward, or ``py:FILE.py:FUNCTION``: then the file is imported (the user's own
+    code, docs: README "Rewards as Python functions") and the callable looked up, so a typo
+    fails in one line before anything loads."""
+
+    def check(self, flag: str, value: Any) -> None:
+        from .rewards.function import is_function_spec, load_function
+
+        if is_function_spec(value):
+            load_function(value, flag)
+        else:
+            super().check(flag, value)
+
+
+def rewards(*names: str) -> Accepts:
+    return RewardChoice(lambda v: v in names, f"one of {', '.join(names)}, or py:FILE.py:FUNCTION")
+
+
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
 POSITIVE = at_least(1)
 
@@ -131,7 +151,7 @@ ACCEPTS: dict[str, Accepts] = {
     "max_grad_norm": at_least(0),
     "nproc": POSITIVE,
     "trainable_layers": at_least(0),
-    "reward": one_of(*REWARDS),
+    "reward": rewards(*REWARDS),
     "advantage": one_of(*ADVANTAGES),
     "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage
     "rollout_batch_size": POSITIVE,
@@ -155,6 +175,7 @@ ACCEPTS: dict[str, Accepts] = {
     "cutoff": POSITIVE,
     "value_function": one_of(*VALUE_FUNCTIONS),
     "ratio": one_of(*RATIO_MODES),
+    "loss_aggregation": one_of(*LOSS_AGGREGATIONS),
     "parser_backend": one_of(*PARSER_BACKENDS),
     "parse_workers": at_least(0),
     "eval_prompts": at_least(0),
@@ -177,8 +198,8 @@ ACCEPTS: dict[str, Accepts] = {
     "max_tests": POSITIVE,
 }
 STAGE_ACCEPTS: dict[str, dict[str, Accepts]] = {
-    "bon": {"n": numbers(int, POSITIVE), "temperature": numbers(float, above(0))},
-    "passk": {"n": POSITIVE},
+    "bon": {"n": numbers(int, POSITIVE), "temperature": numbers(float, above(0)), "reward": rewards("model")},
+    "passk": {"n": POSITIVE, "reward": rewards("apps")},
 }
 # Fields whose flag is not --<field-with-dashes>.
 FLAG_NAMES = {"judge_model": "--model", "rm_judge": "--rm"}
@@ -201,6 +222,10 @@ def check_fields(config: Any, names: Iterable[str], stage: str | None = None) ->
 def validate(stage: str, config: Any) -> None:
     """One-line errors for option values no run of ``stage`` can use (see ACCEPTS)."""
     check_fields(config, [f.name for f in fields(config)], stage)
+    if getattr(config, "chat_template", None) is not None:
+        from .chat import check_template_file
+
+        check_template_file(config.chat_template)
     if isinstance(getattr(config, "dataset", None), str):
         from .data.loader import check_source
 

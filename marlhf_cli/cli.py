@@ -160,10 +160,12 @@ def rm(
 def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any) -> None:
     """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
 
-    Policy and reference from sft/, critic and reward from rm/.
+    Policy and reference from sft/, critic and reward from rm/ (or the reward from your
+    Python function: --reward py:FILE.py:FUNCTION).
 
     Examples: marlhf ppo --termination ppl (MA-PPO); marlhf ppo --termination fixed --n 1 (vanilla PPO);
-    marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl
+    marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl;
+    marlhf ppo --advantage grpo --dataset prompts.jsonl --reward py:my_rewards.py:accuracy
     """
     dry_run = shared.pop("dry_run") and not compare  # --compare draws finished runs: nothing to print
     config = options.resolve_config("ppo", dry_run=dry_run, **shared)
@@ -185,12 +187,14 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any
 def bon(
     policy: eval_flags.BonPolicy = None,
     reward_model: eval_flags.BonRewardModel = None,
+    reward: eval_flags.BonReward = None,
     n: eval_flags.BonN = None,
     temperature: eval_flags.BonTemperature = None,
     name: eval_flags.BonName = None,
     dataset: flags.DatasetOption = None,
     data_file: flags.DataFileOption = None,
     strict: flags.StrictOption = None,
+    chat_template: flags.ChatTemplateOption = None,
     max_records: eval_flags.BonMaxRecords = None,
     top_k: eval_flags.BonTopK = None,
     top_p: eval_flags.BonTopP = None,
@@ -210,8 +214,8 @@ def bon(
     """
     config = options.resolve_config(
         "bon",
-        name=name, policy=policy, reward_model=reward_model, n=n, temperature=temperature, dataset=dataset,
-        data_file=data_file, strict=strict, max_records=max_records, top_k=top_k, top_p=top_p,
+        name=name, policy=policy, reward_model=reward_model, reward=reward, n=n, temperature=temperature, dataset=dataset,
+        data_file=data_file, strict=strict, chat_template=chat_template, max_records=max_records, top_k=top_k, top_p=top_p,
         max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
         normalize=normalize, **shared,
     )
@@ -243,6 +247,7 @@ def judge(
     max_prompt_length: eval_flags.JudgeMaxPrompt = None,
     max_response_length: eval_flags.JudgeMaxResponse = None,
     batch_size: eval_flags.JudgeBatch = None,
+    chat_template: eval_flags.JudgeChatTemplate = None,
     strict: flags.StrictOption = None,
     name: eval_flags.JudgeName = None,
     **shared: Any,
@@ -263,7 +268,7 @@ def judge(
         template=template, both_orders=both_orders, sample=sample, concurrency=concurrency, timeout=timeout,
         max_retries=max_retries, retry_wait=retry_wait, max_tokens=max_tokens, rm_judge=rm_judge,
         reward_model=reward_model, max_prompt_length=max_prompt_length, max_response_length=max_response_length,
-        batch_size=batch_size, strict=strict, **shared,
+        batch_size=batch_size, chat_template=chat_template, strict=strict, **shared,
     )
     from .evaluate import judge as stage
     outcome = stage.run(config, file_a, file_b)
@@ -280,6 +285,8 @@ def passk(
     dataset: passk_flags.Dataset = None,
     data_file: passk_flags.DataFile = None,
     strict: flags.StrictOption = None,
+    reward: passk_flags.Reward = None,
+    chat_template: passk_flags.ChatTemplate = None,
     split: passk_flags.Split = None,
     limit: passk_flags.Limit = None,
     n: passk_flags.N = None,
@@ -306,7 +313,8 @@ def passk(
     """
     config = options.resolve_config(
         "passk",
-        model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, split=split, limit=limit,
+        model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, reward=reward,
+        chat_template=chat_template, split=split, limit=limit,
         n=n, k=k, temperature=temperature, top_k=top_k, top_p=top_p, max_prompt_length=max_prompt_length,
         max_new_tokens=max_new_tokens, batch_size=batch_size, time_limit=time_limit, memory_mb=memory_mb,
         workers=workers, max_tests=max_tests, dtype=dtype, **shared,

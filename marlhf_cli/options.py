@@ -129,6 +129,9 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except UserError as err:
+            details = getattr(err, "details", "")  # UserCodeError: the traceback of the user's own code
+            if details and not debug:
+                print(details, file=sys.stderr)
             fail(str(err), debug)
         except KeyboardInterrupt:
             console.print("interrupted", style="yellow")
@@ -147,12 +150,21 @@ def resolve_config(
 ) -> Any:
     """Resolve a stage's config (defaults < preset < --config < flags); print and exit on --dry-run.
 
-    A flag not given is None (``--debug`` off included), so the preset's or the file's value stands."""
+    A flag not given is None (``--debug`` off included), so the preset's or the file's value stands.
+    Stages that read records also print, as YAML comments, how their first record will read
+    under ``--chat-template`` (:func:`marlhf_cli.chat.preview`)."""
     if flags.get("run_dir") is not None:
         flags["run_dir"] = str(flags["run_dir"])
     flags["debug"] = flags.get("debug") or None
     resolved = config_module.resolve(stage, preset=preset, config_file=config_file, flags=flags)
     if dry_run:
         typer.echo(config_module.to_yaml(resolved), nl=False)
+        if stage in RENDERS_RECORDS:
+            from .chat import preview
+
+            typer.echo(preview(resolved, stage), nl=False)
         raise typer.Exit(code=0)
     return resolved
+
+
+RENDERS_RECORDS = ("sft", "rm", "ppo", "bon", "passk")  # stages whose --dry-run shows a rendered record

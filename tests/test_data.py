@@ -338,14 +338,21 @@ def test_trl_standard_and_implicit_prompt(tmp_path):
 def test_trl_conversational_formats(tmp_path):
     user = {"role": "user", "content": "Hi"}
     good, bad = {"role": "assistant", "content": "Hello!"}, {"role": "assistant", "content": "Go away."}
-    expected = {"prompt": "\n\nHuman: Hi\n\nAssistant:", "chosen": " Hello!", "rejected": " Go away."}
+    # the transcript text (--chat-template none), and the turns a chat template renders
+    turns = {"prompt": [user], "chosen": [good], "rejected": [bad]}
+    expected = {"prompt": "\n\nHuman: Hi\n\nAssistant:", "chosen": " Hello!", "rejected": " Go away.", "conversation": turns}
     explicit = write_jsonl(tmp_path / "c.jsonl", [{"prompt": [user], "chosen": [good], "rejected": [bad]}])
     assert load_records(str(explicit)).records == [expected]
     implicit = write_jsonl(tmp_path / "ic.jsonl", [{"chosen": [user, good], "rejected": [user, bad]}])
     assert load_records(str(implicit)).records == [expected]
     messages = write_jsonl(tmp_path / "m.jsonl", [{"messages": [user, good]}])
     result = load_records(str(messages))
-    assert result.kind == "demonstration" and result.records == [{"prompt": expected["prompt"], "chosen": " Hello!"}]
+    assert result.kind == "demonstration"
+    assert result.records == [{"prompt": expected["prompt"], "chosen": " Hello!",
+                               "conversation": {"prompt": [user], "chosen": [good], "all_assistant_turns": True}}]  # fmt: skip
+    # ShareGPT-style role names become the template's (human -> user, gpt -> assistant)
+    sharegpt = write_jsonl(tmp_path / "g.jsonl", [{"messages": [{"role": "human", "content": "Hi"}, {"role": "gpt", "content": "Hello!"}]}])
+    assert load_records(str(sharegpt)).records == result.records
 
 
 def test_json_array_and_parquet_files(tmp_path):

@@ -108,3 +108,40 @@ def test_an_unreachable_hub_fails_at_once_and_in_one_line(tmp_path):
     )  # fmt: skip
     assert cli.returncode == 2
     assert cli.stderr.strip().count("\n") == 0 and f"127.0.0.1:{port}" in cli.stderr, cli.stderr
+
+
+@pytest.mark.parametrize(
+    "shape, params",
+    # parameter counts of the released SmolLM2 models (tied embeddings)
+    [("smollm2-135m", 134_515_008), ("smollm2-360m", 361_821_120), ("smollm2-1.7b", 1_711_376_384)],
+)
+def test_random_shapes_are_smollm2s_configs(tokenizer, shape, params):
+    from transformers import LlamaForCausalLM
+
+    arch = models.random_arch(f"random:{shape}")
+    config = models.tiny_config(tokenizer, **arch)
+    assert config.vocab_size == 49152 and config.tie_word_embeddings
+    assert config.hidden_size // config.num_attention_heads == 64  # SmolLM2's head size
+    with torch.device("meta"):  # the shapes without the memory
+        model = LlamaForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+
+
+def test_random_model_loads_with_smollm2s_tokenizer_and_a_matching_reward_backbone(tokenizer):
+    name = "random:smollm2-135m"
+    assert models.load_tokenizer(name).get_vocab() == tokenizer.get_vocab()
+    policy = models.load_causal_lm(name, dtype="bf16")
+    reward = models.load_reward_model(name, dtype="bf16")
+    assert policy.config.num_hidden_layers == 30 and policy.config.num_key_value_heads == 3
+    assert policy.dtype == torch.bfloat16
+    # the same seed: the reward model's backbone is the policy's, as for 'tiny'
+    assert torch.equal(policy.model.layers[0].mlp.up_proj.weight, reward.model.layers[0].mlp.up_proj.weight)
+    ids = tokenizer("hello world", return_tensors="pt")
+    assert policy(**ids).logits.shape == (1, ids["input_ids"].shape[1], 49152)
+
+
+def test_unknown_random_shape_is_a_one_line_user_error():
+    with pytest.raises(UserError, match="unknown random-init shape 'smollm2-7b'.*random:smollm2-360m"):
+        models.load_causal_lm("random:smollm2-7b")
+    assert models.random_arch("tiny") == models.TINY_ARCH
+    assert models.random_arch("google/gemma-2b") is None

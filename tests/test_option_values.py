@@ -35,6 +35,7 @@ BAD_TEXT = {
     "--termination": "nonsense",
     "--value-function": "nonsense",
     "--ratio": "nonsense",
+    "--loss-aggregation": "mean",
     "--kl-estimator": "k2",
     "--reward": "nonsense",
     "--advantage": "ppo",
@@ -46,6 +47,7 @@ BAD_TEXT = {
     "--n": "0",  # segment and ppo: a segment length; bon: a list of N
     "--k": "0,1",
     "--temperature": "0",  # bon: a list of temperatures
+    "--chat-template": "no-such-template.jinja",  # auto, none or a file
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [
@@ -140,7 +142,7 @@ def test_bad_value_imports_no_torch():
 def test_choices_match_the_modules_that_use_them():
     """accepts.py cannot import these modules (torch); the lists must not drift apart."""
     from marlhf_cli.evaluate.prompts import TASKS
-    from marlhf_cli.macro import ADVANTAGE_ESTIMATORS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
+    from marlhf_cli.macro import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
     from marlhf_cli.macro.parsing import BACKENDS as PARSING_BACKENDS
     from marlhf_cli.macro.segmentation import BACKENDS
     from marlhf_cli.train.ppo.settings import REWARDS
@@ -151,6 +153,7 @@ def test_choices_match_the_modules_that_use_them():
     assert accepts.JUDGE_TASKS == ("auto", *TASKS)
     assert accepts.REWARDS == REWARDS
     assert accepts.ADVANTAGES == ADVANTAGE_ESTIMATORS
+    assert accepts.LOSS_AGGREGATIONS == LOSS_AGGREGATIONS
 
 
 def test_configs_in_code_are_checked_too():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from _toy_prefs import write_toy_preferences
+from _toy_prefs import sft_then_rm, write_toy_preferences
 from marlhf_cli.train import rm, scoring
 
 
@@ -163,20 +163,7 @@ def test_rm_without_sft_names_the_command_to_run(tmp_path, toy_preferences):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, toy_preferences) -> Path:
-    from typer.testing import CliRunner
-
-    from marlhf_cli.cli import app
-
-    run_dir = tmp_path_factory.mktemp("run")
-    common = ["--dataset", str(toy_preferences), "--run-dir", str(run_dir), "--max-prompt-length", "32",
-              "--max-response-length", "16", "--save-every", "0", "--eval-records", "20"]  # fmt: skip
-    sft = CliRunner().invoke(app, ["sft", "--model", "tiny", *common, "--batch-size", "4", "--max-steps", "8",
-                                   "--lr", "2e-3", "--eval-every", "4"])  # fmt: skip
-    assert sft.exit_code == 0, sft.output
-    reward = CliRunner().invoke(app, ["rm", *common, "--batch-size", "8", "--max-steps", "16", "--lr", "2e-3",
-                                      "--eval-every", "8"])  # fmt: skip
-    assert reward.exit_code == 0, reward.output
-    return run_dir
+    return sft_then_rm(tmp_path_factory.mktemp("run"), toy_preferences)
 
 
 @pytest.mark.slow

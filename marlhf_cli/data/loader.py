@@ -44,7 +44,7 @@ from typing import Any, Iterable
 from ..errors import UserError, bad_input
 from .hub import HubUnreachable, load_hub_rows
 from .local import is_data_file, read_rows
-from .records import NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
+from .records import KIND_NAMES, NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
 from .registry import ADAPTERS, DATASETS, Adapter, detect_format
 from .report import SkipReport
 from .splits import SPLITS, split_by_groups, with_eval
@@ -74,10 +74,18 @@ class LoadResult:
 
     @property
     def kind(self) -> str:
-        """'preference', 'demonstration' or 'problem': which stages these records can feed."""
+        """'preference', 'demonstration', 'problem', 'prompt' or 'text': which stages these records can feed."""
         if self.records:
             return record_kind(self.records[0])
         return "problem" if self.dataset == "apps" else "preference"
+
+    def require(self, stage: str, kinds: tuple[str, ...]) -> "LoadResult":
+        """Itself, or a one-line error when its records are of a kind ``stage`` cannot use
+        (a text file given to ``rm``, prompts alone given to ``sft``)."""
+        if self.records and self.kind not in kinds:
+            needs = " or ".join(KIND_NAMES[kind] for kind in kinds)
+            raise UserError(f"{self.source} holds {KIND_NAMES[self.kind]}: {stage} needs {needs}")
+        return self
 
 
 def load_records(
@@ -239,7 +247,7 @@ def _recognise(row: dict, adapter: Adapter | None, path: object, line: int) -> t
     if found is None:
         raise bad_input(
             "cannot tell the format from the fields "
-            f"{keys}: expected TRL's prompt/chosen/rejected, chosen/rejected, prompt/completion or messages, "
+            f"{keys}: expected TRL's prompt/chosen/rejected, chosen/rejected, prompt/completion, messages, prompt or text, "
             "or a paper dataset's fields (tldr, hh, webgpt, apps)",
             path,
             line,

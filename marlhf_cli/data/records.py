@@ -13,6 +13,12 @@ Adapters turn a source row (a hub row, a JSON line) into a plain ``dict`` record
   ``starter_code``, ``inputs``, ``outputs``, ``difficulty``, ``solutions`` (reference
   programs, possibly empty), plus ``fn_name`` for call-based problems and ``problem_id`` /
   ``output_validator_flags`` when the source has them.
+* prompt records (TRL ``prompt``-only files): ``prompt`` alone, for PPO and best-of-N.
+* text records (TRL's language-modelling ``text`` files): ``text`` alone, for SFT only
+  (the loss covers every token).
+
+A record from a TRL file may also hold ``columns``: the row's other fields as the user wrote
+them (a reference answer, an id), which reward functions receive (``--reward py:...``).
 
 A row that cannot become a record raises :class:`RowProblem` (bad content, counted and
 reported, an error under ``strict``) or :class:`Dropped` (excluded on purpose by the
@@ -135,13 +141,31 @@ def preference(prompt: str, chosen: str, rejected: str, *, allow_empty_prompt: b
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
+# what each kind of record is, in the words of an error message
+KIND_NAMES = {
+    "preference": "preference pairs (prompt/chosen/rejected)",
+    "demonstration": "demonstrations (prompt and a target response)",
+    "problem": "program-synthesis problems (prompt and tests)",
+    "prompt": "prompts alone (TRL's prompt-only rows)",
+    "text": "plain text rows (TRL's language-modelling format, {\"text\": ...})",
+}
+
+
+# the kinds that hold prompts, what ppo and bon sample from (text rows have none)
+PROMPT_KINDS = ("preference", "demonstration", "problem", "prompt")
+
+
 def record_kind(record: dict) -> str:
-    """'preference', 'demonstration' or 'problem': which stages a record can feed."""
+    """'preference', 'demonstration', 'problem', 'prompt' or 'text': which stages a record can feed."""
     if "inputs" in record:
         return "problem"
     if "rejected" in record:
         return "preference"
-    return "demonstration"
+    if "chosen" in record:
+        return "demonstration"
+    if "prompt" in record:
+        return "prompt"
+    return "text"
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,24 @@ Row shapes understood (one is picked per file from its first row):
   demonstration records (``prompt`` + ``chosen``) for SFT.
 * ``messages``: one conversation per row, its final assistant message the target:
   demonstration records.
+* ``prompt-only``: ``prompt`` alone (a string or messages), TRL's format for online methods
+  (GRPO, RLOO): prompt records for ``ppo`` and ``bon``, typically with the columns a reward
+  function checks responses against (``--reward py:...``).
+* ``text``: ``text`` alone, TRL's plain language-modelling format: text records, which only
+  ``sft`` reads, with the loss on every token.
+
+A row's other columns (``answer``, ``id``, ...) travel with its record, unchanged, under
+``columns``: TRL hands them to reward functions as keyword arguments, and so does marlhf.
 
 Conversations become text in the HH-RLHF transcript style the rest of the toolkit uses
 (``"\\n\\nHuman: ...\\n\\nAssistant:"``; user/human -> Human, assistant -> Assistant, system
 -> System), so the prompt ends with ``"\\n\\nAssistant:"`` and a response starts with a space.
+Rows with message lists also keep their turns, under ``conversation`` (``prompt``, ``chosen``,
+``rejected`` message lists, roles named user/assistant/system, contents as given), so that
+:mod:`marlhf_cli.chat` can apply a chat template when a stage encodes them; a ``messages``
+row's record also says ``all_assistant_turns`` (SFT trains every assistant turn of it under a
+template, as TRL's ``assistant_only_loss`` does). String rows (``standard``, ``implicit``) are
+plain text, as TRL's trainers treat them.
 """
 
 from __future__ import annotations
@@ -34,11 +48,12 @@ from .records import (
 )
 
 NAME = "trl"
-DESCRIPTION = "a local file in TRL's conventions (prompt/chosen/rejected, chosen/rejected, messages)"
+DESCRIPTION = "a local file in TRL's conventions (prompt/chosen/rejected, chosen/rejected, prompt/completion, messages, prompt, text)"
 HUB = None
 SAMPLE = None
 
 ROLE_LABELS = {"user": "Human", "human": "Human", "assistant": "Assistant", "gpt": "Assistant", "system": "System"}
+ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
 
 
 def detect(row: dict) -> str | None:
@@ -53,11 +68,36 @@ def detect(row: dict) -> str | None:
         return "prompt-completion"
     if "messages" in keys:
         return "messages"
+    if "prompt" in keys:
+        return "prompt-only"
+    if "text" in keys:
+        return "text"
     return None
 
 
+# the fields of each row shape that become the record; any other column is kept in ``columns``
+RECORD_FIELDS = {
+    "standard": ("prompt", "chosen", "rejected"),
+    "implicit": ("chosen", "rejected"),
+    "conversational": ("prompt", "chosen", "rejected"),
+    "implicit-conversational": ("chosen", "rejected"),
+    "prompt-completion": ("prompt", "completion"),
+    "messages": ("messages",),
+    "prompt-only": ("prompt",),
+    "text": ("text",),
+}
+
+
 def parse(row: dict, variant: str) -> Parsed:
-    """One source row -> record; raises RowProblem."""
+    """One source row -> record (with the row's other columns); raises RowProblem."""
+    parsed = _parse(row, variant)
+    columns = {key: value for key, value in row.items() if key not in RECORD_FIELDS[variant]}
+    if columns:
+        parsed.record["columns"] = columns
+    return parsed
+
+
+def _parse(row: dict, variant: str) -> Parsed:
     if variant == "standard":
         prompt = get_text(row, "prompt")
         return Parsed(preference(prompt, get_text(row, "chosen"), get_text(row, "rejected")), prompt)
@@ -65,9 +105,8 @@ def parse(row: dict, variant: str) -> Parsed:
         prompt, chosen, rejected = split_common_prefix(get_text(row, "chosen"), get_text(row, "rejected"))
         return Parsed(preference(prompt, chosen, rejected, allow_empty_prompt=True), prompt)
     if variant == "conversational":
-        prompt = render_prompt(_messages(row, "prompt"))
-        chosen, rejected = render_response(_messages(row, "chosen")), render_response(_messages(row, "rejected"))
-        return Parsed(preference(prompt, chosen, rejected), prompt)
+        turns = {"prompt": _messages(row, "prompt"), "chosen": _messages(row, "chosen"), "rejected": _messages(row, "rejected")}
+        return _conversation_record(turns)
     if variant == "implicit-conversational":
         chosen_turns, rejected_turns = _messages(row, "chosen"), _messages(row, "rejected")
         shared = 0
@@ -75,24 +114,65 @@ def parse(row: dict, variant: str) -> Parsed:
             shared += 1
         if shared == len(chosen_turns) or shared == len(rejected_turns):
             raise RowProblem(INVALID, "rejected", "chosen and rejected conversations do not diverge")
-        prompt = render_prompt(chosen_turns[:shared])
-        record = preference(prompt, render_response(chosen_turns[shared:]), render_response(rejected_turns[shared:]))
-        return Parsed(record, prompt)
+        turns = {"prompt": chosen_turns[:shared], "chosen": chosen_turns[shared:], "rejected": rejected_turns[shared:]}
+        return _conversation_record(turns)
     if variant == "prompt-completion":
         return _demonstration(row, "prompt", "completion")
+    if variant == "prompt-only":  # GRPO's format: a conversation's turns kept for the template
+        if isinstance(get_field(row, "prompt"), list):
+            turns = _messages(row, "prompt")
+            return _with_turns({"prompt": render_prompt(turns)}, {"prompt": turns})
+        prompt = get_text(row, "prompt")
+        return Parsed({"prompt": prompt}, prompt)
+    if variant == "text":
+        text = get_text(row, "text")
+        return Parsed({"text": text}, text)
     turns = _messages(row, "messages")
     if turns[-1]["role"] not in ("assistant", "gpt") or len(turns) < 2:
         raise RowProblem(INVALID, "messages", "expected a conversation ending with an assistant message")
-    prompt = render_prompt(turns[:-1])
-    return Parsed({"prompt": prompt, "chosen": render_response(turns[-1:])}, prompt)
+    return _conversation_record({"prompt": turns[:-1], "chosen": turns[-1:]}, all_assistant_turns=True)
+
+
+def _conversation_record(turns: dict[str, list[dict]], **flags: bool) -> Parsed:
+    """A record from message lists: the transcript strings, and the turns themselves."""
+    prompt = render_prompt(turns["prompt"])
+    responses = {key: render_response(value) for key, value in turns.items() if key != "prompt"}
+    if "rejected" in responses:
+        record = preference(prompt, responses["chosen"], responses["rejected"])
+    else:
+        record = {"prompt": prompt, "chosen": responses["chosen"]}
+    return _with_turns(record, turns, **flags)
+
+
+def _with_turns(record: dict, turns: dict[str, list[dict]], **flags: bool) -> Parsed:
+    record["conversation"] = {key: [_plain_message(m) for m in value] for key, value in turns.items()} | flags
+    return Parsed(record, record["prompt"])
+
+
+def _plain_message(message: dict) -> dict:
+    """A message as chat templates expect it: role user, assistant or system, its content as given."""
+    return {"role": ROLES[message["role"]], "content": message["content"]}
 
 
 def _demonstration(row: dict, prompt_field: str, target_field: str) -> Parsed:
-    value = get_field(row, prompt_field)
-    prompt = render_prompt(_messages(row, prompt_field)) if isinstance(value, list) else get_text(row, prompt_field)
-    target = get_field(row, target_field)
-    chosen = render_response(_messages(row, target_field)) if isinstance(target, list) else get_text(row, target_field)
-    return Parsed({"prompt": prompt, "chosen": chosen}, prompt)
+    value, target = get_field(row, prompt_field), get_field(row, target_field)
+    if not isinstance(value, list) and not isinstance(target, list):
+        prompt = get_text(row, prompt_field)
+        return Parsed({"prompt": prompt, "chosen": get_text(row, target_field)}, prompt)
+    # a string beside a message list: as text, itself; as a turn, one user or assistant message
+    if isinstance(value, list):
+        prompt_turns = _messages(row, prompt_field)
+        prompt = render_prompt(prompt_turns)
+    else:
+        prompt = get_text(row, prompt_field)
+        prompt_turns = [{"role": "user", "content": prompt}]
+    if isinstance(target, list):
+        target_turns = _messages(row, target_field)
+        chosen = render_response(target_turns)
+    else:
+        chosen = get_text(row, target_field)
+        target_turns = [{"role": "assistant", "content": chosen}]
+    return _with_turns({"prompt": prompt, "chosen": chosen}, {"prompt": prompt_turns, "chosen": target_turns})
 
 
 def split_common_prefix(chosen: str, rejected: str) -> tuple[str, str, str]:

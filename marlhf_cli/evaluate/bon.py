@@ -5,10 +5,15 @@ M = max(--n) responses, the reward model scores them, and the expected score of 
 N (for each N in --n) follows from those M scores with the unbiased estimator of
 :mod:`.estimator`: one generation per temperature, whatever the number of N.
 
+``--reward py:FILE.py:FUNCTION`` scores with the user's Python function instead of a reward
+model (:mod:`..rewards.function`; it sees each prompt's record, as in PPO), so best-of-N
+picks the response the function likes best.
+
 Sampling and scoring reuse the PPO stage's pieces, so scores are comparable with ``marlhf
-ppo``'s evaluation: prompts are encoded as in training (:func:`..train.ppo.experience.generate`,
-left-padded, mask-derived positions, plain ``logits / T`` sampling, top-k/top-p only when
-asked), and the reward model reads its score at the last real response token
+ppo``'s evaluation: prompts are rendered and encoded as in training (``--chat-template``, :mod:`marlhf_cli.chat`;
+:func:`..train.ppo.experience.generate`, left-padded, mask-derived positions, plain ``logits /
+T`` sampling, top-k/top-p only when asked, stopping at EOS or the template's end of turn),
+and the reward model reads its score at the last real response token
 (:class:`..train.ppo.rewards.RewardModelReward`). When the reward model's tokenizer differs from
 the policy's, responses are re-tokenized as text for it (:func:`.rm_judge.score_texts`).
 
@@ -36,6 +41,7 @@ from .. import config as config_module
 from ..artifacts import RunDir
 from ..accepts import parse_list
 from ..errors import UserError
+from ..rewards.function import FunctionReward, file_digest, is_function_spec
 from ..seeding import derived_seed
 from . import estimator, plots, tables
 
@@ -74,23 +80,30 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"
 
 
-def load_prompts(config, console) -> tuple[list[str], str]:
-    """Distinct prompts of the eval split, the first --max-records of them; and the source."""
+def load_prompts(config, console) -> tuple[list[dict], str]:
+    """Records of the eval split's distinct prompts, the first --max-records of them; and the source."""
     from ..data import load_records
 
+    from ..data.records import PROMPT_KINDS
+
     result = load_records(config.dataset, data_file=config.data_file, split="eval", strict=config.strict)
+    result.require(STAGE, PROMPT_KINDS)
     if result.notice:
         console.print(result.notice, highlight=False, soft_wrap=True)
     if result.report.total_skipped:
         console.print(f"{result.source}: {result.report.summary()}", highlight=False, soft_wrap=True)
-    prompts = list(dict.fromkeys(r["prompt"] for r in result.records))[: config.max_records or None]
-    if not prompts:
+    first: dict[str, dict] = {}
+    for record in result.records:
+        first.setdefault(record["prompt"], record)
+    records = list(first.values())[: config.max_records or None]
+    if not records:
         raise UserError(f"{result.source}: the eval split has no prompts")
-    return prompts, result.source
+    return records, result.source
 
 
 def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], samples: int, temperature: float) -> dict:
-    """What a cached temperature must share with this run to be reused."""
+    """What a cached temperature must share with this run to be reused (``prompts``: as the
+    policy reads them, so another --chat-template samples again)."""
     digest = hashlib.sha256("\x00".join(prompts).encode("utf-8")).hexdigest()[:16]
     keys = ("seed", "top_k", "top_p", "max_prompt_length", "max_new_tokens", "normalize")
     return {"policy": policy, "reward_model": reward_model, "prompts": digest, "samples": samples,
@@ -107,15 +120,19 @@ class Models:
     tokenizer: Any
     reward: Any  # callable(ScoringBatch) -> [B] scores
     device: Any
+    chat: Any  # the policy's ChatFormat: how a record's prompt becomes text (--chat-template)
 
 
 class TextReward:
-    """Scores for a reward model with its own tokenizer: the texts are re-tokenized for it."""
+    """Scores for a reward model with its own tokenizer: the records and responses are
+    rendered for it (its own chat template under --chat-template auto) and tokenized."""
 
-    def __init__(self, model, tokenizer, *, normalize: bool, max_prompt: int, max_response: int, batch_size: int):
+    def __init__(self, model, tokenizer, *, chat_template: str, normalize: bool, max_prompt: int, max_response: int, batch_size: int):
+        from ..chat import ChatFormat
         from ..train.scoring import reward_stats
 
         self.model, self.tokenizer = model, tokenizer
+        self.chat = ChatFormat(tokenizer, chat_template)
         self.mean, self.std = reward_stats(model.config) if normalize else (0.0, 1.0)
         self.std = self.std if self.std > 1e-6 else 1.0
         self.kwargs = dict(max_prompt=max_prompt, max_response=max_response, batch_size=batch_size)
@@ -123,15 +140,19 @@ class TextReward:
     def __call__(self, batch):
         import torch
 
-        from .rm_judge import score_texts
+        from .rm_judge import score_rendered
 
-        scores = score_texts(self.model, self.tokenizer, batch.prompts, batch.responses, **self.kwargs)
+        rendered = [self.chat.render(record, text=text) for record, text in zip(batch.records, batch.responses)]
+        scores = score_rendered(self.model, self.tokenizer, rendered, **self.kwargs)
         return (torch.tensor(scores) - self.mean) / self.std
 
 
-def load_models(config, policy: str, reward_model: str) -> Models:
+def load_models(config, policy: str, reward_model: str | None) -> Models:
+    """The policy, and the reward: the reward model (``reward_model``), or with ``reward_model``
+    None the user's function (``--reward py:...``)."""
     import torch
 
+    from ..chat import ChatFormat
     from ..models import load_causal_lm, load_reward_model, load_tokenizer
     from ..train.forward import disable_dropout
     from ..train.ppo.rewards import RewardModelReward
@@ -139,21 +160,26 @@ def load_models(config, policy: str, reward_model: str) -> Models:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(policy, padding_side="left")
     model = load_causal_lm(policy)
-    rm = load_reward_model(reward_model)
-    for net in (model, rm):
-        disable_dropout(net)
-        net.eval().requires_grad_(False).to(device)
+    disable_dropout(model)
+    model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
+    if reward_model is None:
+
+        return Models(model, tokenizer, FunctionReward(config.reward), device, ChatFormat(tokenizer, config.chat_template))
+    rm = load_reward_model(reward_model)
+    disable_dropout(rm)
+    rm.eval().requires_grad_(False).to(device)
     rm_tokenizer = load_tokenizer(reward_model)
     if rm_tokenizer.get_vocab() == tokenizer.get_vocab():
         reward = RewardModelReward(rm, normalize=config.normalize, batch_size=config.batch_size)
     else:
-        reward = TextReward(rm, rm_tokenizer, normalize=config.normalize, max_prompt=config.max_prompt_length,
-                            max_response=config.max_new_tokens + 1, batch_size=config.batch_size)  # fmt: skip
-    return Models(model, tokenizer, reward, device)
+        reward = TextReward(rm, rm_tokenizer, chat_template=config.chat_template, normalize=config.normalize,
+                            max_prompt=config.max_prompt_length, max_response=config.max_new_tokens + 1,
+                            batch_size=config.batch_size)  # fmt: skip
+    return Models(model, tokenizer, reward, device, ChatFormat(tokenizer, config.chat_template))
 
 
-def sample_temperature(models: Models, prompts: Sequence[str], temperature: float, samples: int, config, advance) -> list[dict]:
+def sample_temperature(models: Models, records: Sequence[dict], temperature: float, samples: int, config, advance) -> list[dict]:
     """``samples`` scored responses per prompt at one temperature: [{"prompt", "samples": [...]}]."""
     import torch
 
@@ -162,21 +188,23 @@ def sample_temperature(models: Models, prompts: Sequence[str], temperature: floa
     settings = RolloutSettings(
         temperature=temperature, top_k=config.top_k, top_p=config.top_p,
         max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
+        stop_token_ids=models.chat.stop_ids,
     )  # fmt: skip
-    rows = [p for p in prompts for _ in range(samples)]
+    rows = [r for r in records for _ in range(samples)]
     out: list[dict] = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(derived_seed(config.seed, STAGE, f"{temperature:g}"))
         for start in range(0, len(rows), config.batch_size):
             part = rows[start : start + config.batch_size]
-            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(models.policy, models.tokenizer, part, settings, device=models.device)
-            batch = scoring_batch(models.tokenizer, part, [{} for _ in part], prompt_ids, prompt_mask, response_ids, mask, has_eos)
+            prompts = [models.chat.prompt(r) for r in part]
+            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(models.policy, models.tokenizer, prompts, settings, device=models.device)
+            batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
             scores = models.reward(batch).float().cpu().tolist()
             lengths = mask.sum(dim=1).cpu().tolist()
-            for i, prompt in enumerate(part):
-                out.append({"prompt": prompt, "response": batch.responses[i], "score": scores[i], "tokens": int(lengths[i]), "eos": bool(has_eos[i])})
+            for i, record in enumerate(part):
+                out.append({"prompt": record["prompt"], "response": batch.responses[i], "score": scores[i], "tokens": int(lengths[i]), "eos": bool(has_eos[i])})
             advance(len(part), sum(s["score"] for s in out) / len(out))
-    grouped = [{"prompt": p, "samples": out[i * samples : (i + 1) * samples]} for i, p in enumerate(prompts)]
+    grouped = [{"prompt": r["prompt"], "samples": out[i * samples : (i + 1) * samples]} for i, r in enumerate(records)]
     return grouped
 
 
@@ -214,21 +242,33 @@ def run(config) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from ..chat import ChatFormat
+    from ..models import load_tokenizer
+
     ns, temps = check(config)
     samples = max(ns)
     run_dir = RunDir(config.run_dir)
     err = Console(stderr=True)
     policy, default = resolve_policy(config.policy, run_dir)
     name = _safe(config.name) if config.name else default
-    reward_model = config.reward_model or str(run_dir.require("rm"))
+    function = is_function_spec(config.reward)
+    reward_model = None if function else config.reward_model or str(run_dir.require("rm"))
+    scorer = f"reward function {config.reward}" if function else f"reward model {reward_model}"
     prompts, source = load_prompts(config, err)
-    expected = {t: fingerprint(config, policy, reward_model, prompts, samples, t) for t in temps}
+    if function:  # the fields it needs exist, and a changed file is not served stale scores
+        FunctionReward(config.reward).check_records(prompts, f"the records of {source}")
+        scored_by = f"{config.reward}@{file_digest(config.reward)}"
+    else:
+        scored_by = reward_model
+    chat = ChatFormat(load_tokenizer(policy, padding_side="left"), config.chat_template)
+    rendered = [chat.prompt(r) for r in prompts]
+    expected = {t: fingerprint(config, policy, scored_by, rendered, samples, t) for t in temps}
     results = {t: _cached(_cache_path(run_dir, name, t), expected[t]) for t in temps}
     todo = [t for t in temps if results[t] is None]
     err.print(
-        f"bon {name}: policy {policy}, reward model {reward_model}, {len(prompts)} prompts from {source}, "
+        f"bon {name}: policy {policy}, {scorer}, {len(prompts)} prompts from {source}, "
         f"{samples} samples per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
-        + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else ""),
+        + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else "") + f"; {chat.describe()}",
         highlight=False, soft_wrap=True,
     )  # fmt: skip
     if todo:
@@ -245,7 +285,7 @@ def run(config) -> dict[str, Any]:
                 artifacts.write_json(_cache_path(run_dir, name, t), {"fingerprint": expected[t], "temperature": t, "rows": results[t]})
     summary = {t: summarize_temperature(results[t], ns) for t in temps}
     curves = {t: summary[t]["best_of"] for t in temps}
-    label = "normalised reward-model score" if config.normalize else "reward-model score"
+    label = "reward-function score" if function else "normalised reward-model score" if config.normalize else "reward-model score"
     plot = plots.best_of_n(curves, run_dir.plot_path(f"bon-{name}"), f"best of N: {name}", ylabel=label)
     best_rows = []
     for t in temps:
@@ -255,7 +295,8 @@ def run(config) -> dict[str, Any]:
     best_path = artifacts.write_jsonl(run_dir.path("bon", f"{name}-best.jsonl"), best_rows)
     best = {str(n): max(temps, key=lambda t: curves[t][n]["mean"]) for n in ns}
     report = {
-        "name": name, "policy": policy, "reward_model": reward_model, "source": source, "prompts": len(prompts),
+        "name": name, "policy": policy, "reward_model": reward_model, "reward": config.reward or "model",
+        "source": source, "prompts": len(prompts),
         "samples_per_prompt": samples, "n": ns, "temperatures": temps, "normalized": config.normalize,
         "estimator": "unbiased expected maximum of N of M samples without replacement (marlhf_cli.evaluate.estimator)",
         "results": {f"{t:g}": {**summary[t], "best_of": {str(n): v for n, v in summary[t]["best_of"].items()}} for t in temps},
@@ -269,6 +310,8 @@ def run(config) -> dict[str, Any]:
     metrics = {f"best_of_{n}": max(curves[t][n]["mean"] for t in temps) for n in ns} | {"best_temperature": float(best[top_n])}
     run_dir.record_stage(
         f"bon/{name}", config=config_module.to_dict(config),
-        inputs={"policy": policy, "reward_model": reward_model, "source": source, "prompts": len(prompts)}, metrics=metrics,
+        inputs={"policy": policy, "reward_model": reward_model, "reward": config.reward or "model", "source": source,
+                "prompts": len(prompts), "chat_template": chat.example(prompts)},
+        metrics=metrics,
     )  # fmt: skip
     return report

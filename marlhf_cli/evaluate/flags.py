@@ -19,6 +19,7 @@ from ..options import opt as _opt, switch as _switch
 BonName = Annotated[Optional[str], _opt("--name", "Result name: bon/<name>.json, plots/bon-<name>.png. [default: from --policy, e.g. sft or ppo-<name>]")]
 BonPolicy = Annotated[Optional[str], _opt("--policy", "Policy to sample: a run-directory stage (sft, ppo/<name>, or ppo when there is one run), a hub id, a folder or an alias ('tiny'). [default: sft]")]
 BonRewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model that scores the samples (hub id, folder, alias 'tiny'). [default: the run's rm/]")]
+BonReward = Annotated[Optional[str], _opt("--reward", "What scores the samples: model (--reward-model) or py:FILE.py:FUNCTION, your Python function called as TRL's reward_funcs (prompts=, completions=, completions_ids=, the records' other fields); your own code, not sandboxed. [default: model]")]
 BonN = Annotated[Optional[str], _opt("--n", "Comma-separated N of best-of-N; the largest is sampled per prompt, smaller N are estimated from the same samples. [default: 4,8,16,32]")]
 BonTemperature = Annotated[Optional[str], _opt("--temperature", "Comma-separated sampling temperatures, one generation each. [default: 0.2,0.4,0.6,0.8,1.0,1.2]")]
 BonTopK = Annotated[Optional[int], _opt("--top-k", "Sample from the k most likely tokens only (0 = no limit). [default: 0]")]
@@ -49,3 +50,4 @@ JudgeRewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model
 JudgeMaxPrompt = Annotated[Optional[int], _opt("--max-prompt-length", "Prompt tokens the reward model reads (--rm). [default: 512]")]
 JudgeMaxResponse = Annotated[Optional[int], _opt("--max-response-length", "Response tokens the reward model reads (--rm). [default: 512]")]
 JudgeBatch = Annotated[Optional[int], _opt("--batch-size", "Sequences per reward-model forward (--rm). [default: 8]")]
+JudgeChatTemplate = Annotated[Optional[str], _opt("--chat-template", "How --rm renders a sample whose row carries its conversation (marlhf ppo writes it for conversational data): auto (the reward model's tokenizer's chat template), none (the Human:/Assistant: transcript), or a Jinja template FILE (every sample). Use what 'marlhf rm' used. [default: auto]")]

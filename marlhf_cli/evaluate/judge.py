@@ -205,11 +205,12 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
 
             reward_model = config.reward_model or str(run_dir.require("rm"))
             task = progress.add_task("judge reward model", total=2 * len(chosen), live="")
-            rows = rm_judge.judge(
+            rows, rendered = rm_judge.judge(
                 chosen, reward_model, max_prompt=config.max_prompt_length, max_response=config.max_response_length,
-                batch_size=config.batch_size, advance=lambda n: progress.update(task, advance=n),
+                batch_size=config.batch_size, chat_template=config.chat_template, conversations=matched.conversations,
+                advance=lambda n: progress.update(task, advance=n),
             )  # fmt: skip
-            results["rm"] = (rows, {"kind": "rm", "reward_model": reward_model})
+            results["rm"] = (rows, {"kind": "rm", "reward_model": reward_model, "chat_template": rendered})
 
     summaries, written = {}, {}
     base = {

@@ -39,6 +39,9 @@ class Matched:
     reports: dict[str, SkipReport] = field(default_factory=dict)
     only_in: dict[str, int] = field(default_factory=dict)  # file -> prompts the other lacks
     duplicates: dict[str, int] = field(default_factory=dict)
+    # prompt -> its turns, from rows that carry them (``marlhf ppo`` writes them for
+    # conversational data), for ``judge --rm`` under a chat template
+    conversations: dict[str, dict] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
         """One line per thing left out, for the terminal and the result file."""
@@ -71,13 +74,15 @@ def _problem(row: object) -> tuple[str, str | None, str] | None:
     return None
 
 
-def read_samples(path: str | Path, strict: bool = False) -> tuple[dict[str, str], SkipReport, int]:
-    """prompt -> response (first occurrence), the skip report, and the repeated-prompt count.
+def read_samples(path: str | Path, strict: bool = False) -> tuple[dict[str, str], SkipReport, int, dict[str, dict]]:
+    """prompt -> response (first occurrence), the skip report, the repeated-prompt count, and
+    prompt -> ``conversation`` of the rows that have one.
 
     ``strict``: the first bad row is a one-line error naming its file, line and field.
     """
     report = SkipReport()
     responses: dict[str, str] = {}
+    conversations: dict[str, dict] = {}
     repeated = 0
     for line, row in read_rows(path):
         report.rows += 1
@@ -95,13 +100,15 @@ def read_samples(path: str | Path, strict: bool = False) -> tuple[dict[str, str]
             continue
         report.kept += 1
         responses[prompt] = response
-    return responses, report, repeated
+        if isinstance(row.get("conversation"), dict) and isinstance(row["conversation"].get("prompt"), list):
+            conversations[prompt] = row["conversation"]
+    return responses, report, repeated, conversations
 
 
 def match(path_a: str | Path, path_b: str | Path, strict: bool = False) -> Matched:
     """Pairs of responses to the same prompt, in file A's order."""
-    a, report_a, dup_a = read_samples(path_a, strict)
-    b, report_b, dup_b = read_samples(path_b, strict)
+    a, report_a, dup_a, turns_a = read_samples(path_a, strict)
+    b, report_b, dup_b, turns_b = read_samples(path_b, strict)
     for path, report in ((path_a, report_a), (path_b, report_b)):
         if report.rows == 0:
             raise UserError(f"{path}: no rows: nothing to judge")
@@ -116,6 +123,7 @@ def match(path_a: str | Path, path_b: str | Path, strict: bool = False) -> Match
         reports={str(path_a): report_a, str(path_b): report_b},
         only_in={str(path_a): sum(p not in b for p in a), str(path_b): sum(p not in a for p in b)},
         duplicates={str(path_a): dup_a, str(path_b): dup_b},
+        conversations={p.prompt: turns_a.get(p.prompt) or turns_b[p.prompt] for p in pairs if p.prompt in turns_a or p.prompt in turns_b},
     )
 
 

@@ -36,7 +36,17 @@ from .advantages import (
 )
 from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, rloo_advantages, sequence_to_tokens
 from .code import DEFAULT_CODE_CUTOFF, code_lengths
-from .losses import KL_ESTIMATORS, RATIO_MODES, kl_loss, kl_per_token, masked_mean, policy_loss, value_loss
+from .losses import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    RATIO_MODES,
+    aggregate,
+    kl_loss,
+    kl_per_token,
+    masked_mean,
+    policy_loss,
+    value_loss,
+)
 from .rules import fixed_lengths, ppl_lengths, randomized_lengths
 from .segmentation import (
     DEFAULT_PARSING_CUTOFF,
@@ -66,6 +76,7 @@ __all__ = [
     "DEFAULT_CODE_CUTOFF",
     "DEFAULT_PARSING_CUTOFF",
     "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
     "RATIO_MODES",
     "RULE_NAMES",
     "VALUE_FUNCTIONS",
@@ -73,6 +84,7 @@ __all__ = [
     "SegmentLayout",
     "SegmentStats",
     "TerminationRule",
+    "aggregate",
     "code_lengths",
     "discounted_reverse_cumsum",
     "fixed_lengths",

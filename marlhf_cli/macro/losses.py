@@ -20,6 +20,14 @@ KL to the reference: :func:`kl_per_token` is the per-token estimate PPO puts in 
 (k1 by default); GRPO instead adds :func:`kl_loss`, beta times the k3 estimate averaged over
 real tokens, to the policy loss, with the gradient flowing through the current log-probs.
 
+How per-token losses become one number (:func:`aggregate`, ``--loss-aggregation``,
+docs/method.md "Loss aggregation"): ``token-mean`` (the default) averages over every real
+token of the batch, so a long response weighs more; ``sequence-mean`` averages each
+response's tokens, then the responses (DeepSeekMath's GRPO objective); ``token-sum`` sums
+every real token and divides by a constant, responses x the generation budget (Dr. GRPO).
+The policy loss and GRPO's KL term use it; the critic's loss and the logged diagnostics
+stay token means.
+
 Masked positions are inert everywhere (``torch.where``, not multiplication, so NaN/inf in
 padding cannot leak into a loss or its gradient).
 """
@@ -30,10 +38,14 @@ import torch
 
 from .advantages import segment_broadcast
 
-__all__ = ["KL_ESTIMATORS", "RATIO_MODES", "kl_loss", "kl_per_token", "masked_mean", "policy_loss", "value_loss"]
+__all__ = [
+    "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "RATIO_MODES", "aggregate", "kl_loss", "kl_per_token", "masked_mean",
+    "policy_loss", "value_loss",
+]  # fmt: skip
 
 RATIO_MODES = ("token", "macro")
 KL_ESTIMATORS = ("k1", "k3")
+LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -50,6 +62,37 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return total.sum(dim=dim) / real.sum(dim=dim).clamp(min=1).to(x.dtype)
 
 
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, how: str = "token-mean", max_length: int | None = None
+) -> torch.Tensor:
+    """One loss from per-token losses [B, T] over the real tokens of ``mask``.
+
+    - ``token-mean``: sum over real tokens / number of real tokens (every token weighs the
+      same, so a response weighs by its length);
+    - ``sequence-mean``: each response's mean over its real tokens, then the mean over the
+      responses that have any (every response weighs the same; Shao et al. 2024, eq. 3);
+    - ``token-sum``: sum over real tokens / (B * ``max_length``), a constant that does not
+      depend on the responses' lengths (Liu et al. 2025, Dr. GRPO; ``max_length`` is the
+      generation budget).
+
+    Masked entries are inert (``torch.where``), as in :func:`masked_mean`.
+    """
+    if how not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {how!r}; choose one of {', '.join(LOSS_AGGREGATIONS)}")
+    if how == "token-mean":
+        return masked_mean(per_token, mask)
+    real = mask.bool()
+    zero = torch.zeros((), dtype=per_token.dtype, device=per_token.device)
+    values = torch.where(real, per_token, zero)
+    if how == "sequence-mean":
+        lengths = real.sum(dim=1)
+        per_response = values.sum(dim=1) / lengths.clamp(min=1).to(per_token.dtype)
+        return per_response.sum() / (lengths > 0).sum().clamp(min=1).to(per_token.dtype)
+    if max_length is None or max_length < 1:
+        raise ValueError(f"token-sum needs the generation budget max_length >= 1, got {max_length}")
+    return values.sum() / float(per_token.shape[0] * max_length)
+
+
 def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
     """Per-token estimate of KL(pi || ref) from samples of pi.
 
@@ -64,13 +107,19 @@ def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k
     raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
 
 
-def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GRPO's KL term: the k3 estimate of KL(pi || ref) averaged over real tokens (the same
-    token mean as :func:`policy_loss`); the caller multiplies it by beta."""
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: str = "token-mean",
+    max_length: int | None = None,
+) -> torch.Tensor:
+    """GRPO's KL term: the k3 estimate of KL(pi || ref) over real tokens, aggregated as the
+    policy loss is (:func:`aggregate`, a token mean by default); the caller multiplies it by beta."""
     _check_shapes(mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     log_ratio = torch.where(mask.bool(), logprobs - ref_logprobs.to(logprobs.dtype), zero)
-    return masked_mean(kl_per_token(log_ratio, torch.zeros_like(log_ratio), "k3"), mask)
+    return aggregate(kl_per_token(log_ratio, torch.zeros_like(log_ratio), "k3"), mask, aggregation, max_length)
 
 
 def _check_shapes(mask: torch.Tensor, **tensors: torch.Tensor) -> None:
@@ -87,6 +136,8 @@ def policy_loss(
     clip: float = 0.2,
     ratio: str = "token",
     segment_ids: torch.Tensor | None = None,
+    aggregation: str = "token-mean",
+    max_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO policy loss; returns (loss, stats).
 
@@ -95,6 +146,8 @@ def policy_loss(
     - ``ratio="token"``: ratio_t = exp(logp_t - old_logp_t).
       ``ratio="macro"``: every token of segment k uses exp(sum_{t in S_k} (logp_t -
       old_logp_t)); needs ``segment_ids``. Averaging: see the module docstring.
+    - ``aggregation`` / ``max_length``: how the per-token objectives become the loss
+      (:func:`aggregate`; ``max_length`` is needed by ``token-sum`` only).
     - stats (detached scalars): ``clip_fraction``, the share of real tokens whose objective
       took the clipped branch; ``approx_kl``, mean over real tokens of
       (ratio_t - 1) - log ratio_t with the *token* ratio (the k3 estimate of
@@ -117,7 +170,7 @@ def policy_loss(
     adv = torch.where(real, advantages.to(logprobs.dtype), zero)
     unclipped = -adv * ratios
     clipped = -adv * torch.clamp(ratios, 1.0 - clip, 1.0 + clip)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation, max_length)
     with torch.no_grad():
         clip_fraction = masked_mean((clipped > unclipped).to(logprobs.dtype), mask)
         token_ratio = torch.exp(token_log_ratio)

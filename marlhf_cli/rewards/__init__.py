@@ -1,4 +1,5 @@
-"""Rewards computed by running code: the sandbox, output comparison, the APPS reward, pass@k.
+"""Rewards computed by running code: the sandbox, output comparison, the APPS reward, pass@k,
+and the user's own reward functions (``--reward py:FILE.py:FUNCTION``, :mod:`.function`).
 
 >>> from marlhf_cli.rewards import AppsReward, pass_at_k
 >>> AppsReward().score(["print(int(input()) * 2)"], [{"inputs": ["2\\n"], "outputs": ["4\\n"]}])
@@ -17,6 +18,7 @@ from typing import Any
 _EXPORTS = {
     "AppsReward": "apps", "Judge": "apps", "ProgramResult": "apps", "extract_program": "apps",
     "pass_at_k": "apps", "passk_table": "apps", "reward": "apps", "test_cases": "apps",
+    "FunctionReward": "function", "load_function": "function",
     "Execution": "sandbox", "Job": "sandbox", "Limits": "sandbox", "Sandbox": "sandbox",
     "SandboxUnavailable": "sandbox", "isolation": "sandbox",
 }  # fmt: skip

@@ -8,6 +8,12 @@ when it passes them all. Testing overlaps generation: a batch's programs run in 
 pool while the next batch is sampled. pass@k uses the unbiased estimator
 (:func:`.apps.pass_at_k`), averaged per difficulty and overall.
 
+With ``--reward py:FILE.py:FUNCTION`` the tests are the user's function instead
+(:mod:`.function`): any prompt dataset, each response scored by it, a response "passing"
+when it scores 1.0 or more (full marks, as an APPS program passing every test scores 1.0),
+and the table gains the mean score per difficulty (records without one count as
+``unknown``). Nothing runs in the sandbox then.
+
 Outputs: ``passk/<name>.json`` (settings, the table, per-problem outcomes, the sandbox's
 isolation mode), ``passk/<name>-samples.jsonl`` (every program with its status and reward),
 a ``passk/<name>`` entry in ``run.json``, and the table on the terminal.
@@ -25,6 +31,7 @@ from ..artifacts import RunDir
 from ..errors import UserError
 from . import apps
 from . import sandbox as sb
+from .function import FunctionReward, is_function_spec
 
 STAGE = "passk"
 
@@ -40,20 +47,36 @@ def check(config) -> list[int]:
     return ks
 
 
+PASS_SCORE = 1.0  # a reward function's score that counts as a pass (an APPS program passing every test scores 1.0)
+
+
 def load_problems(config) -> tuple[list[dict], Any]:
-    """Problems of the chosen split: the hub's test split, or every record of a --data-file."""
+    """Problems of the chosen split: the hub's test split, or every record of a --data-file
+    (with a reward function: records of any kind that hold prompts)."""
     from ..data import load_records
+    from ..data.records import PROMPT_KINDS
+    from .function import is_function_spec
 
     split = config.split or ("all" if config.data_file else "eval")
     result = load_records(
         config.dataset, data_file=config.data_file, split=None if split == "all" else split,
         strict=config.strict, limit=config.limit,
     )  # fmt: skip
-    if result.records and result.kind != "problem":
-        raise UserError(f"{result.source}: these are not program-synthesis problems (tests with inputs/outputs); use --dataset apps")
+    if is_function_spec(config.reward):
+        result.require(f"{STAGE} --reward {config.reward}", PROMPT_KINDS)
+    elif result.records and result.kind != "problem":
+        raise UserError(
+            f"{result.source}: these are not program-synthesis problems (tests with inputs/outputs); use --dataset apps, "
+            "or score the responses with --reward py:FILE.py:FUNCTION"
+        )
     if not result.records:
         raise UserError(f"{result.source}: no problems in the '{split}' split (try --split all)")
     return result.records, result
+
+
+def _difficulty(record: dict) -> Any:
+    """A record's difficulty: APPS's field, or a TRL file's column of that name."""
+    return record.get("difficulty") or (record.get("columns") or {}).get("difficulty")
 
 
 def problem_ids(records: Sequence[dict]) -> list[str]:
@@ -63,8 +86,9 @@ def problem_ids(records: Sequence[dict]) -> list[str]:
     return ids
 
 
-def sample_responses(model, tokenizer, device, prompts: Sequence[str], config):
-    """Yield (start, responses) per batch of ``config.batch_size`` sequences, in order."""
+def sample_responses(model, tokenizer, device, prompts: Sequence[str], config, stop_token_ids: Sequence[int] = ()):
+    """Yield (start, responses, token ids of each) per batch of ``config.batch_size`` sequences,
+    in order; a response ends at EOS or any of ``stop_token_ids`` (a chat template's end of turn)."""
     import torch
 
     from ..train.ppo.experience import RolloutSettings, decode_responses, generate
@@ -72,28 +96,43 @@ def sample_responses(model, tokenizer, device, prompts: Sequence[str], config):
     settings = RolloutSettings(
         temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
         max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
+        stop_token_ids=tuple(stop_token_ids),
     )  # fmt: skip
     for start in range(0, len(prompts), config.batch_size):
         part = list(prompts[start : start + config.batch_size])
         with torch.no_grad():
             _, _, response_ids, mask, _ = generate(model, tokenizer, part, settings, device=device)
-        yield start, decode_responses(tokenizer, response_ids, mask)
+        ids = [row[: int(n)].tolist() for row, n in zip(response_ids.cpu(), mask.sum(dim=1).cpu())]
+        yield start, decode_responses(tokenizer, response_ids, mask), ids
 
 
 def print_table(name: str, rows: list[dict], ks: Sequence[int], console) -> None:
     from rich.table import Table
 
+    scored = any("mean_score" in row for row in rows)
     table = Table(title=f"pass@k: {name}", title_justify="left")
     table.add_column("difficulty")
     table.add_column("problems", justify="right")
     for k in ks:
         table.add_column(f"pass@{k} (%)", justify="right")
+    if scored:
+        table.add_column("mean score", justify="right")
     for row in rows:
         if not row["problems"] and row["difficulty"] != "all":
             continue
         cells = ["-" if row[f"pass@{k}"] is None else f"{100 * row[f'pass@{k}']:.1f}" for k in ks]
+        if scored:
+            cells.append("-" if row.get("mean_score") is None else f"{row['mean_score']:.4f}")
         table.add_row(row["difficulty"], str(row["problems"]), *cells, style="bold" if row["difficulty"] == "all" else None)
     console.print(table)
+
+
+def add_mean_scores(table: list[dict], scores: dict[str, list[float]], difficulties: dict[str, Any]) -> None:
+    """Each row of the pass@k table gets the mean score of its problems' samples."""
+    for row in table:
+        problems = [p for p in scores if row["difficulty"] == "all" or str(difficulties.get(p) or "unknown") == row["difficulty"]]
+        values = [s for p in problems for s in scores[p]]
+        row["mean_score"] = sum(values) / len(values) if values else None
 
 
 def run(config) -> dict[str, Any]:
@@ -103,6 +142,7 @@ def run(config) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .. import precision
+    from ..chat import ChatFormat
     from ..evaluate.bon import resolve_policy
     from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
@@ -117,8 +157,12 @@ def run(config) -> dict[str, Any]:
     if loaded.notice:
         console.print(loaded.notice, highlight=False, soft_wrap=True)
     ids = problem_ids(records)
-    iso = sb.isolation()
-    console.print(f"passk '{name}': {policy}, {len(records)} problems x {config.n} samples from {loaded.source}; sandbox {iso.describe()}",
+    function = FunctionReward(config.reward) if is_function_spec(config.reward) else None
+    if function is not None:
+        function.check_records(records, f"the records of {loaded.source}")
+    iso = sb.isolation() if function is None else None
+    judged_by = f"sandbox {iso.describe()}" if iso else f"scored by {config.reward} (passes at {PASS_SCORE:g} or more)"
+    console.print(f"passk '{name}': {policy}, {len(records)} problems x {config.n} samples from {loaded.source}; {judged_by}",
                   highlight=False, soft_wrap=True)  # fmt: skip
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -131,11 +175,13 @@ def run(config) -> dict[str, Any]:
     model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
 
+    chat = ChatFormat(tokenizer, config.chat_template)  # APPS prompts are plain text: only a template FILE applies
     owners = [i for i in range(len(records)) for _ in range(config.n)]
-    prompts = [records[i]["prompt"] for i in owners]
+    prompts = [chat.prompt(records[i]) for i in owners]
     responses: list[str] = [""] * len(prompts)
     results: list[apps.ProgramResult | None] = [None] * len(prompts)
-    judge = apps.Judge(
+    scores: list[float] = [0.0] * len(prompts)  # a reward function's, when it judges
+    judge = None if function else apps.Judge(
         limits=sb.Limits(time=config.time_limit, memory_mb=config.memory_mb), max_workers=config.workers,
         max_tests=config.max_tests,
     )  # fmt: skip
@@ -157,29 +203,46 @@ def run(config) -> dict[str, Any]:
             pending = []
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(derived_seed(config.seed, STAGE))
-                for start, texts in sample_responses(model, tokenizer, device, prompts, config):
+                for start, texts, token_ids in sample_responses(model, tokenizer, device, prompts, config, chat.stop_ids):
                     responses[start : start + len(texts)] = texts
-                    pending.append(tester.submit(test, start, [apps.extract_program(t) for t in texts]))
+                    if function is not None:  # here, in order: the user's function need not be thread-safe
+                        end = start + len(texts)
+                        scores[start:end] = function.score(prompts[start:end], texts, token_ids, [records[owners[i]] for i in range(start, end)])
+                        passed[0] += sum(score >= PASS_SCORE for score in scores[start:end])
+                        progress.update(testing, advance=len(texts), note=f"{passed[0]} passed")
+                    else:
+                        pending.append(tester.submit(test, start, [apps.extract_program(t) for t in texts]))
                     progress.update(sampling, advance=len(texts))
             for future in pending:
                 future.result()
     finally:
-        judge.close()
+        if judge is not None:
+            judge.close()
     seconds = time.monotonic() - began
 
     per_problem: dict[str, list[bool]] = {pid: [] for pid in ids}
+    per_problem_scores: dict[str, list[float]] = {pid: [] for pid in ids}
     rows = []
     for index, (owner, response, result) in enumerate(zip(owners, responses, results)):
-        assert result is not None
-        per_problem[ids[owner]].append(result.all_passed)
-        rows.append({
-            "problem_id": ids[owner], "difficulty": records[owner].get("difficulty"), "sample": index % config.n,
-            "status": result.status, "reward": result.reward, "passed_tests": result.passed,
-            "failed_tests": result.failed, "error_tests": result.errors, "program": apps.extract_program(response),
-            "response": response,
-        })  # fmt: skip
-    difficulties = {ids[i]: records[i].get("difficulty") for i in range(len(records))}
+        row = {"problem_id": ids[owner], "difficulty": _difficulty(records[owner]), "sample": index % config.n}
+        if function is not None:
+            passes = scores[index] >= PASS_SCORE
+            per_problem_scores[ids[owner]].append(scores[index])
+            row |= {"status": "passed" if passes else "failed", "reward": scores[index], "response": response}
+        else:
+            assert result is not None
+            passes = result.all_passed
+            row |= {
+                "status": result.status, "reward": result.reward, "passed_tests": result.passed,
+                "failed_tests": result.failed, "error_tests": result.errors, "program": apps.extract_program(response),
+                "response": response,
+            }  # fmt: skip
+        per_problem[ids[owner]].append(passes)
+        rows.append(row)
+    difficulties = {ids[i]: _difficulty(records[i]) for i in range(len(records))}
     table = apps.passk_table(per_problem, difficulties, ks)
+    if function is not None:
+        add_mean_scores(table, per_problem_scores, difficulties)
     print_table(name, table, ks, console)
     overall = next(row for row in table if row["difficulty"] == "all")
     payload = {
@@ -187,7 +250,7 @@ def run(config) -> dict[str, Any]:
         "source": loaded.source, "problems": len(records), "n": config.n, "k": ks,
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
         "max_new_tokens": config.max_new_tokens, "time_limit": config.time_limit, "seconds": round(seconds, 2),
-        "sandbox": iso.describe(), "table": table,
+        "reward": config.reward or "apps", "sandbox": iso.describe() if iso else None, "table": table,
         "mean_reward": sum(r["reward"] for r in rows) / len(rows),
         "per_problem": [{"problem_id": pid, "difficulty": difficulties[pid], "passed": per_problem[pid]} for pid in ids],
     }  # fmt: skip
@@ -197,7 +260,7 @@ def run(config) -> dict[str, Any]:
     run_dir.record_stage(
         f"{STAGE}/{name}", config=config_module.to_dict(config),
         inputs={"model": policy, "dataset": config.dataset, "data_file": config.data_file, "source": loaded.source,
-                "problems": len(records)},
+                "problems": len(records), "chat_template": chat.example(records)},
         metrics={f"pass@{k}": overall[f"pass@{k}"] for k in ks} | {"mean_reward": payload["mean_reward"]},
     )  # fmt: skip
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)

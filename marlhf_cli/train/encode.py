@@ -5,7 +5,8 @@ them is exact in tokens (the response's labels start precisely at its first toke
 response is the same token sequence whatever prompt precedes it. A prompt longer than
 ``max_prompt_length`` keeps its *end* (the instruction and the "TL;DR:" / "Assistant:" cue
 sit there); a response longer than ``max_response_length`` keeps its beginning and gets no
-EOS, because an EOS at a cut would teach the model to stop mid-sentence.
+EOS, because an EOS at a cut would teach the model to stop mid-sentence. Under a chat
+template (:mod:`marlhf_cli.chat`) the template's end-of-turn token takes the EOS's place.
 """
 
 from __future__ import annotations
@@ -35,12 +36,34 @@ def encode_prompt(tokenizer, prompt: str, max_length: int) -> list[int]:
     return prefix + (ids[-room:] if room else [])
 
 
-def encode_response(tokenizer, response: str, max_length: int) -> list[int]:
-    """Response ids followed by EOS, or the first ``max_length`` ids with no EOS when cut."""
+def encode_response(tokenizer, response: str, max_length: int, end_id: int | None = None) -> list[int]:
+    """Response ids followed by ``end_id`` (EOS unless a chat template's end-of-turn token is
+    given), or the first ``max_length`` ids with no end token when cut."""
     ids = tokenizer(response, add_special_tokens=False)["input_ids"]
     if len(ids) < max_length:
-        return ids + [tokenizer.eos_token_id]
+        return ids + [tokenizer.eos_token_id if end_id is None else end_id]
     return ids[:max_length]
+
+
+def encode_prompt_labels(tokenizer, pieces: Sequence[tuple[str, bool]], max_length: int) -> tuple[list[int], list[int]]:
+    """Prompt ids as :func:`encode_prompt` gives them, and SFT labels: -100, except on pieces
+    marked True (earlier assistant turns a chat template renders, see marlhf_cli.chat).
+
+    One piece is :func:`encode_prompt` exactly; several are tokenized one by one (each
+    boundary sits at a turn's start or after its end-of-turn token) and cut as one prompt.
+    """
+    if len(pieces) == 1:
+        ids = encode_prompt(tokenizer, pieces[0][0], max_length)
+        return ids, [IGNORE] * len(ids)
+    ids, labels = [], []
+    for text, trained in pieces:
+        part = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += part
+        labels += part if trained else [IGNORE] * len(part)
+    prefix = list(special_prefix(tokenizer))
+    room = max(0, max_length - len(prefix))
+    keep = slice(-room, None) if room else slice(0, 0)  # the end, as encode_prompt keeps it
+    return prefix + ids[keep], [IGNORE] * len(prefix) + labels[keep]
 
 
 def pad_right(rows: Sequence[Sequence[int]], value: int):

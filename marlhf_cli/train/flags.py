@@ -30,6 +30,10 @@ StrictOption = Annotated[
     typer.Option("--strict/--no-strict", help="Stop at the first bad row instead of skipping and counting it. [default: no-strict]", show_default=False),
 ]
 MaxRecordsOption = Annotated[Optional[int], _opt("--max-records", "Use at most this many training records (quick runs).")]
+ChatTemplateOption = Annotated[
+    Optional[str],
+    _opt("--chat-template", "How records become text: auto (the tokenizer's chat template on conversational data, i.e. a TRL file's message lists; plain-text datasets keep their format), none (the Human:/Assistant: transcript), or a Jinja template FILE (applied to every record, a plain prompt as one user turn). Responses end with the template's end-of-turn token, where sampling stops and the reward is read. [default: auto]"),
+]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
 ]
@@ -99,7 +103,7 @@ TrainableLayersOption = Annotated[
 Name = Annotated[Optional[str], _opt("--name", "Run name: ppo/<name>, samples/<name>.jsonl, metrics/ppo-<name>.jsonl. [default: from the rule: vanilla, fixed5, ppl, parsing, code, randomized]")]
 Policy = Annotated[Optional[str], _opt("--policy", "Policy and reference model (hub id, folder, alias 'tiny'). [default: the run's sft/]")]
 RewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model, also the critic's initialisation (hub id, folder, alias 'tiny'). With --dataset apps the reward is the tests' outcome and the critic starts from the policy unless this is given. [default: the run's rm/]")]
-Reward = Annotated[Optional[str], _opt("--reward", "Where scores come from: model (the reward model) or apps (run the generated program on the record's tests, docs/method.md, 'Program rewards'). [default: apps for --dataset apps, else model]")]
+Reward = Annotated[Optional[str], _opt("--reward", "Where scores come from: model (the reward model), apps (run the generated program on the record's tests, docs/method.md, 'Program rewards') or py:FILE.py:FUNCTION (your Python function, called as TRL's reward_funcs: prompts=, completions=, completions_ids=, and the records' other fields as keyword lists; it returns one float per response). The file is your own code, imported and run as it is, not sandboxed. With apps or py: no rm/ is needed and the critic starts from the policy. [default: apps for --dataset apps, else model]")]
 
 # advantage estimator
 Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline) or grpo (group-normalised score, KL as a loss term); rloo and grpo train no critic. [default: gae]")]
@@ -134,6 +138,7 @@ N = Annotated[Optional[str], _opt("--n", "Segment length of the fixed rule and t
 Cutoff = Annotated[Optional[int], _opt("--cutoff", "Largest segment in tokens for parsing (C) and code (C_code). [default: 5 parsing, 10 code]")]
 ValueFunction = Annotated[Optional[str], _opt("--value-function", "Segment value from token values: equal (mean), unit (last), position, first. [default: equal]")]
 Ratio = Annotated[Optional[str], _opt("--ratio", "Policy ratio per token (the authors' code) or per macro action (the paper's equation). [default: token]")]
+LossAggregation = Annotated[Optional[str], _opt("--loss-aggregation", "How per-token policy losses (and grpo's KL term) become one loss, for every --advantage: token-mean (over all real tokens of the batch: longer responses weigh more), sequence-mean (each response's mean, then the mean over responses: DeepSeekMath's GRPO) or token-sum (the token sum / (responses x --max-new-tokens): Dr. GRPO). docs/method.md, 'Loss aggregation'. [default: token-mean]")]
 ParserBackend = Annotated[Optional[str], _opt("--parser-backend", "Parser of the parsing rule: auto, stanza, spacy. [default: auto]")]
 ParseWorkers = Annotated[Optional[int], _opt("--parse-workers", "Worker processes that run the parsing/code rules while the scoring forwards run, so parsing adds no time to a step; 0 = parse in the training process after the forwards. [default: 1]")]
 
@@ -153,7 +158,10 @@ Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --comp
 # ---------------------------------------------------------------------------------------
 # groups a command takes whole (marlhf_cli.options.with_flags)
 
-DATA = {"dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption}
+DATA = {
+    "dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
+    "chat_template": ChatTemplateOption,
+}  # fmt: skip
 TRAINING = {  # sft and rm
     "lr": LrOption, "batch_size": BatchSizeOption, "epochs": EpochsOption, "max_steps": MaxStepsOption,
     "max_prompt_length": MaxPromptOption, "max_response_length": MaxResponseOption,
@@ -174,7 +182,7 @@ PPO = {
     "reward_clip": RewardClip, "whiten_advantages": Whiten, "missing_eos_penalty": MissingEos,
     "temperature": Temperature, "top_k": TopK, "top_p": TopP, "max_prompt_length": MaxPrompt,
     "max_new_tokens": MaxNewTokens, "termination": Termination, "n": N, "cutoff": Cutoff,
-    "value_function": ValueFunction, "ratio": Ratio, "parser_backend": ParserBackend, "parse_workers": ParseWorkers,
+    "value_function": ValueFunction, "ratio": Ratio, "loss_aggregation": LossAggregation, "parser_backend": ParserBackend, "parse_workers": ParseWorkers,
     "max_steps": MaxSteps, "eval_every": EvalEvery, "eval_prompts": EvalPrompts, "save_every": SaveEvery,
     "resume": Resume, "offload_frozen": OffloadFrozen,
 }  # fmt: skip

@@ -2,7 +2,8 @@
 
 Loss: ``-log sigmoid(r(prompt, chosen) - r(prompt, rejected))`` averaged over pairs. The
 score is read at the last real token of prompt + response + EOS (see
-:mod:`.scoring` for why not at the first pad), which is also where PPO places it.
+:mod:`.scoring` for why not at the first pad), which is also where PPO places it; under a
+chat template (:mod:`marlhf_cli.chat`) that token is the template's end of turn.
 
 Pairs whose chosen and rejected responses become identical after truncation to
 ``max_response_length`` teach nothing (their loss is log 2 whatever the model does); they
@@ -25,6 +26,7 @@ from .. import checkpoints, engine as eng
 from ..artifacts import RunDir
 from . import common, loop, scoring
 from .freeze import train_top_layers
+from ..chat import NONE, ChatFormat
 from .encode import attention_mask, encode_prompt, encode_response, pad_right
 
 STAGE = "rm"
@@ -34,19 +36,22 @@ STAGE = "rm"
 # pairs
 
 
-def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int) -> dict | None:
-    """``{"chosen": ids, "rejected": ids}``, each prompt + response (+ EOS); None if they coincide."""
-    prompt = encode_prompt(tokenizer, record["prompt"], max_prompt)
-    chosen = encode_response(tokenizer, record["chosen"], max_response)
-    rejected = encode_response(tokenizer, record["rejected"], max_response)
-    if chosen == rejected:
+def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None) -> dict | None:
+    """``{"chosen": ids, "rejected": ids}``, each prompt + response + its end token (EOS, or
+    the chat template's end of turn, where the score is read); None if they coincide."""
+    chat = chat or ChatFormat(tokenizer, NONE)
+    prompt = encode_prompt(tokenizer, chat.prompt(record), max_prompt)
+    chosen, rejected = (chat.render(record, key) for key in ("chosen", "rejected"))
+    chosen_ids = encode_response(tokenizer, chosen.response, max_response, chosen.end_id)
+    rejected_ids = encode_response(tokenizer, rejected.response, max_response, rejected.end_id)
+    if chosen_ids == rejected_ids:
         return None
-    return {"chosen": prompt + chosen, "rejected": prompt + rejected}
+    return {"chosen": prompt + chosen_ids, "rejected": prompt + rejected_ids}
 
 
-def encode_pairs(tokenizer, records: Sequence[dict], max_prompt: int, max_response: int) -> tuple[list[dict], int]:
+def encode_pairs(tokenizer, records: Sequence[dict], max_prompt: int, max_response: int, chat: ChatFormat | None = None) -> tuple[list[dict], int]:
     """Encoded pairs and how many were left out as identical after truncation."""
-    pairs = [encode_pair(tokenizer, r, max_prompt, max_response) for r in records]
+    pairs = [encode_pair(tokenizer, r, max_prompt, max_response, chat) for r in records]
     kept = [p for p in pairs if p is not None]
     return kept, len(pairs) - len(kept)
 
@@ -101,9 +106,10 @@ def summarize(sums: dict[str, float], pairs: float) -> dict[str, float]:
 # the stage
 
 
-def build_task(config: Any, tokenizer, train_records, eval_records) -> tuple[loop.Task, int]:
-    train, dropped = encode_pairs(tokenizer, train_records, config.max_prompt_length, config.max_response_length)
-    held_out, dropped_eval = encode_pairs(tokenizer, eval_records, config.max_prompt_length, config.max_response_length)
+def build_task(config: Any, tokenizer, train_records, eval_records, chat: ChatFormat | None = None) -> tuple[loop.Task, int]:
+    chat = chat or ChatFormat(tokenizer, config.chat_template)
+    train, dropped = encode_pairs(tokenizer, train_records, config.max_prompt_length, config.max_response_length, chat)
+    held_out, dropped_eval = encode_pairs(tokenizer, eval_records, config.max_prompt_length, config.max_response_length, chat)
     pad_id = tokenizer.pad_token_id
     task = loop.Task(
         name=STAGE,
@@ -132,10 +138,13 @@ def run(config: Any) -> dict[str, Any]:
     common.start(config)
     run_dir = RunDir(config.run_dir)
     model_name = base_model(config, run_dir)
-    train = common.load_split(config, "rm", config.max_records)
+    train = common.load_split(config, "rm", config.max_records).require(STAGE, ("preference",))
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")
-    task, identical = build_task(config, tokenizer, train.records, held_out.records)
+    chat = ChatFormat(tokenizer, config.chat_template)
+    if note := chat.note(train.records):  # plain-text data needs no word
+        common.say(note)
+    task, identical = build_task(config, tokenizer, train.records, held_out.records, chat)
     if identical:
         common.say(f"left out {identical} pairs whose responses are identical after truncation to {config.max_response_length} tokens")
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
@@ -148,7 +157,10 @@ def run(config: Any) -> dict[str, Any]:
     engine = eng.build_engine(
         scoring.SequenceScorer(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps
     )
-    inputs = common.inputs_entry(config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical)
+    inputs = common.inputs_entry(
+        config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical,
+        chat_template=chat.example(train.records),
+    )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
     stats = result.eval or result.train
     out = checkpoints.export_pretrained(

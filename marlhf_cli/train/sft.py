@@ -2,7 +2,14 @@
 
 The loss is the mean next-token NLL over *response* tokens only (prompt and padding labels
 are -100): the policy must learn to answer, not to write Reddit posts or user turns. Each
-response ends with EOS, so the model learns to stop, which PPO's rollouts rely on.
+response ends with EOS, so the model learns to stop, which PPO's rollouts rely on; under a
+chat template (``--chat-template``, :mod:`marlhf_cli.chat`) with the template's end-of-turn
+token instead, and a TRL ``messages`` row trains every assistant turn of the conversation
+(each with its end-of-turn token), as TRL's ``assistant_only_loss`` does.
+
+A file in TRL's plain language-modelling format (``{"text": ...}`` rows) has no prompt: the
+loss then covers every token of the text (and the EOS after it), up to ``max_prompt_length +
+max_response_length`` tokens, as TRL's SFTTrainer does with such data.
 
 ``--packing`` concatenates examples into blocks of ``max_prompt_length +
 max_response_length`` tokens (fewer padding tokens, faster on long-tail data). Attention
@@ -23,7 +30,8 @@ from .. import checkpoints, engine as eng
 from ..artifacts import RunDir
 from ..errors import UserError
 from . import common, loop
-from .encode import IGNORE, attention_mask, encode_prompt, encode_response, pad_right
+from ..chat import ChatFormat, Rendered
+from .encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
 
 STAGE = "sft"
 
@@ -34,9 +42,26 @@ STAGE = "sft"
 
 def encode_example(tokenizer, prompt: str, response: str, max_prompt: int, max_response: int) -> dict:
     """``input_ids`` = prompt + response (+ EOS); ``labels`` = -100 over the prompt, ids over the response."""
-    prompt_ids = encode_prompt(tokenizer, prompt, max_prompt)
-    response_ids = encode_response(tokenizer, response, max_response)
-    return {"input_ids": prompt_ids + response_ids, "labels": [IGNORE] * len(prompt_ids) + response_ids}
+    return encode_rendered(tokenizer, Rendered(((prompt, False),), response, tokenizer.eos_token_id), max_prompt, max_response)
+
+
+def encode_rendered(tokenizer, rendered: Rendered, max_prompt: int, max_response: int) -> dict:
+    """A record as :mod:`marlhf_cli.chat` renders it: labels on the response and its end token
+    (EOS, or the template's end of turn), and on earlier assistant turns it marks (their
+    end-of-turn tokens included); -100 everywhere else."""
+    prompt_ids, prompt_labels = encode_prompt_labels(tokenizer, rendered.pieces, max_prompt)
+    response_ids = encode_response(tokenizer, rendered.response, max_response, rendered.end_id)
+    return {"input_ids": prompt_ids + response_ids, "labels": prompt_labels + response_ids}
+
+
+def encode_text(tokenizer, text: str, max_length: int) -> dict:
+    """A text row: ``input_ids`` = special prefix + text (+ EOS), labels on every text token.
+
+    A text longer than ``max_length`` keeps its beginning and gets no EOS (as a cut response).
+    """
+    prefix = list(special_prefix(tokenizer))
+    ids = encode_response(tokenizer, text, max(1, max_length - len(prefix)))
+    return {"input_ids": prefix + ids, "labels": [IGNORE] * len(prefix) + ids}
 
 
 def pack(examples: Sequence[dict], block_size: int) -> list[dict]:
@@ -95,12 +120,11 @@ def summarize(sums: dict[str, float], count: float) -> dict[str, float]:
 # the stage
 
 
-def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: list[dict]) -> loop.Task:
+def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: list[dict], chat: ChatFormat | None = None) -> loop.Task:
+    chat = chat or ChatFormat(tokenizer, config.chat_template)
+
     def encode(records):
-        return [
-            encode_example(tokenizer, r["prompt"], _response(r), config.max_prompt_length, config.max_response_length)
-            for r in records
-        ]
+        return [encode_record(tokenizer, r, config.max_prompt_length, config.max_response_length, chat) for r in records]
 
     train = encode(train_records)
     held_out = encode(eval_records)
@@ -122,12 +146,25 @@ def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: 
     )
 
 
-def _response(record: dict) -> str:
-    """The demonstration: ``chosen`` of a preference record, or a record's ``completion``."""
+def encode_record(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None) -> dict:
+    """A demonstration (loss on its response, as ``chat`` renders it; default: the
+    tokenizer's template, ``auto``) or a text record (loss on all of it)."""
+    if "prompt" not in record:
+        return encode_text(tokenizer, record["text"], max_prompt + max_response)
+    chat = chat or ChatFormat(tokenizer)
+    return encode_rendered(tokenizer, chat.render(record, _response_key(record)), max_prompt, max_response)
+
+
+# what sft trains on (data.records.record_kind); prompts alone have nothing to imitate
+KINDS = ("preference", "demonstration", "text", "problem")
+
+
+def _response_key(record: dict) -> str:
+    """Where the demonstration is: ``chosen`` of a preference record, or a record's ``completion``."""
     for key in ("chosen", "completion", "response"):
         value = record.get(key)
         if isinstance(value, str) and value:
-            return value
+            return key
     raise UserError(f"a record has no response to imitate (expected 'chosen' or 'completion'): keys {sorted(record)}")
 
 
@@ -137,14 +174,19 @@ def run(config: Any) -> dict[str, Any]:
 
     common.start(config)
     run_dir = RunDir(config.run_dir)
-    train = common.load_split(config, "sft", config.max_records)
+    train = common.load_split(config, "sft", config.max_records).require(STAGE, KINDS)
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")
-    task = build_task(config, tokenizer, train.records, held_out.records)
+    chat = ChatFormat(tokenizer, config.chat_template)
+    if note := chat.note(train.records):  # plain-text data needs no word
+        common.say(note)
+    task = build_task(config, tokenizer, train.records, held_out.records, chat)
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
     model = load_causal_lm(config.model, dtype="fp32")
     engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
-    inputs = common.inputs_entry(config, str(config.model), train, held_out, train_examples=len(task.train))
+    inputs = common.inputs_entry(
+        config, str(config.model), train, held_out, train_examples=len(task.train), chat_template=chat.example(train.records)
+    )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
     out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer)
     monitor.plot("loss", title=f"SFT loss ({config.model})")

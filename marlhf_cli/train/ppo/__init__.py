@@ -19,7 +19,10 @@ critic is built, trained, checkpointed or exported.
 Inputs: the policy and reference come from the run's SFT model, the critic and the reward
 from its reward model (``--policy`` / ``--reward-model`` override; the ``tiny`` alias works
 for both). With ``--reward apps`` (the default for ``--dataset apps``) the score is the
-generated program's test outcome and the critic starts from the policy. Outputs under the run directory: ``ppo/<name>/`` (actor, ``critic/``,
+generated program's test outcome, with ``--reward py:FILE.py:FUNCTION`` the user's function's
+(:mod:`marlhf_cli.rewards.function`); then no rm/ is needed and the critic starts from the
+policy. A reward function that fails stops every process with the last completed step
+checkpointed (:mod:`.stopping`). Outputs under the run directory: ``ppo/<name>/`` (actor, ``critic/``,
 ``checkpoints/``), ``metrics/ppo-<name>.jsonl``, ``tb/ppo-<name>/``, ``plots/ppo-<name>-*.png``,
 ``samples/<name>.jsonl`` and the ``ppo/<name>`` entry of ``run.json``.
 
@@ -48,11 +51,13 @@ import torch
 
 from ... import artifacts, checkpoints, engine as eng
 from ...artifacts import RunDir
+from ...data.records import PROMPT_KINDS
+from ...errors import UserError
 from ...macro.segmentation import warm_up
 from ...seeding import derived_seed
 from .. import common
 from ..monitor import Monitor
-from . import credit
+from . import credit, stopping
 from .checkpointing import checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
 from .evaluation import evaluate
@@ -87,9 +92,12 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     run_dir = RunDir(config.run_dir)
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
-    prompts = common.load_split(config, "ppo", config.max_records)
+    prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
-    models = build_models(config, policy, reward_model, reward_fn or make_reward(config))
+    reward = reward_fn or make_reward(config)
+    if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
+        reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
+    models = build_models(config, policy, reward_model, reward)
     ctx = make_context(config, models, prompts.records)
     root = checkpoint_root(run_dir, name)
     expected = fingerprint(config, name, len(prompts.records))
@@ -104,13 +112,16 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     last: dict[str, float] = {}
     rows: list[dict] = []  # the latest evaluation's samples
     durations: list[float] = []
+    completed, saved = start, start  # steps whose update finished; the newest checkpoint's step
+    checkpoint_state = {"fingerprint": expected, "stage": stage_key}
     try:
-        if held_out and start == 0 and config.eval_every:
-            scores, rows = evaluate(ctx, held_out, 0)
-            monitor.log(0, scores, "eval")
+        if held_out and (start == 0 and config.eval_every or start == config.max_steps):
+            # (a run resumed at its last step, whose evaluation failed, evaluates it now)
+            scores, rows = evaluate(ctx, held_out, start)
+            monitor.log(start, scores, "eval")
         for step in range(start, config.max_steps):
             last = ppo_step(ctx, step)
-            done = step + 1
+            completed = done = step + 1
             durations.append(last["step_time"])
             monitor.log(done, last, "train")
             monitor.advance(done, live_metrics(last))
@@ -119,7 +130,16 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
                 scores, rows = evaluate(ctx, held_out, done)
                 monitor.log(done, scores, "eval")
             if config.save_every and done % config.save_every == 0 and not final:
-                save(ctx, root, done, {"fingerprint": expected, "stage": stage_key})
+                save(ctx, root, done, checkpoint_state)
+                saved = done
+    except UserError as error:
+        if not stopping.stopped_everywhere(error):
+            raise
+        # the reward failed while scoring, and every process knows (stopping.agree)
+        error = stopping.stop(ctx, error, root, completed, saved, checkpoint_state)
+        common.record(run_dir, stage_key, config, inputs, None, status="failed")
+        eng.barrier()  # no process exits (and gets the others killed by torchrun) before run.json says so
+        raise error
     finally:
         monitor.close()
         if ctx.executor is not None:
@@ -157,11 +177,16 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
             ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
         )
 
-    experience = make_experience(
-        models.actor, models.reference, models.critic, models.reward, models.tokenizer,
-        [r["prompt"] for r in records], records, ctx.rollout,
-        device=models.device, sampler=models.sampler.model(), on_sampled=start_segmentation,
-    )  # fmt: skip
+    failure = None
+    try:
+        experience = make_experience(
+            models.actor, models.reference, models.critic, models.reward, models.tokenizer,
+            [ctx.chat.prompt(r) for r in records], records, ctx.rollout,
+            device=models.device, sampler=models.sampler.model(), on_sampled=start_segmentation,
+        )  # fmt: skip
+    except UserError as error:  # a user's reward function failed: before this step's update
+        failure = error
+    stopping.agree(failure)  # every process stops, or none
 
     # 4-5. macro actions from the termination rule; GAE over segments, broadcast to tokens
     # (rloo / grpo: one advantage per response from its group, no critic)
@@ -224,6 +249,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
     config, models = ctx.config, ctx.models
     what_runs = describe(config, ctx.rule)
     common.say(f"ppo '{name}': {what_runs}")
+    common.say(ctx.chat.describe())
     k = group_size(config)
     per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
     common.say(
@@ -236,7 +262,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
         "policy": policy, "reward_model": reward_model, "reward": models.reward.name, "dataset": config.dataset,
         "data_file": config.data_file, "source": prompts.source, "prompts": len(prompts.records),
         "eval_prompts": eval_prompts, "processes": eng.world_size(), "credit_assignment": what_runs,
-        "responses_per_step": responses_per_step(config),
+        "responses_per_step": responses_per_step(config), "chat_template": ctx.chat.example(ctx.schedule.records),
     }  # fmt: skip
     common.record(run_dir, stage_key, config, inputs, None, status="running")
     return inputs

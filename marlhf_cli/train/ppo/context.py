@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ... import engine as eng
+from ...chat import ChatFormat
 from ...errors import UserError
 from .. import loop
 from . import credit
@@ -56,6 +57,11 @@ class Context:
     rollout: RolloutSettings
     update: UpdateSettings
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
+    chat: ChatFormat | None = None  # how a record's prompt becomes text; None: from --chat-template
+
+    def __post_init__(self):
+        if self.chat is None:
+            self.chat = ChatFormat(self.models.tokenizer, self.config.chat_template)
 
     @property
     def critic_free(self) -> bool:
@@ -67,14 +73,17 @@ def make_context(config, models: Models, records: Sequence[dict]) -> Context:
     micro = micro_batch(config)
     # GRPO puts the KL to the reference in the loss (beta * k3), not in the reward
     kl_in_loss = config.advantage == "grpo"
-    rollout = RolloutSettings.from_config(config, forward_batch_size=micro)
+    # a chat template's end-of-turn token ends a response as EOS does
+    chat = ChatFormat(models.tokenizer, config.chat_template)
+    rollout = RolloutSettings.from_config(config, forward_batch_size=micro, stop_token_ids=chat.stop_ids)
     return Context(
-        config=config, models=models, rule=credit.make_rule(config),
+        config=config, models=models, rule=credit.make_rule(config), chat=chat,
         schedule=PromptSchedule(records, config.rollout_batch_size, config.seed),
         rollout=dataclasses.replace(rollout, kl_coef=0.0) if kl_in_loss else rollout,
         update=UpdateSettings(
             epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
             micro_batch_size=micro, clip_range=config.clip_range, value_clip_range=config.value_clip_range,
             ratio=config.ratio, temperature=config.temperature, kl_loss_coef=config.kl_coef if kl_in_loss else 0.0,
+            loss_aggregation=config.loss_aggregation, max_new_tokens=config.max_new_tokens,
         ),
     )  # fmt: skip

@@ -1,5 +1,9 @@
 """PPO's held-out evaluation: sample each held-out prompt once with the current policy and
-score it with the reward, sharded over processes; the mean score is the stage's eval curve."""
+score it with the reward, sharded over processes; the mean score is the stage's eval curve.
+
+The samples' ``prompt`` is the record's text (the transcript for a conversation, whatever
+``--chat-template`` renders), ``eos`` says the response ended at a stop token (EOS or the
+template's end of turn), and a conversation's prompt turns ride along as ``conversation``."""
 
 from __future__ import annotations
 
@@ -8,9 +12,20 @@ from typing import Any, Sequence
 import torch
 
 from ... import engine as eng
+from ...errors import UserError
 from ...seeding import derived_seed
+from . import stopping
 from .experience import generate, scoring_batch
 from ..forward import resident
+
+
+def sample_prompt(record: dict) -> dict:
+    """A samples row's prompt: the record's text (what a judge reads), and its turns when it
+    is a conversation, so that ``judge --rm`` can render it with a chat template."""
+    row = {"prompt": record["prompt"]}
+    if "conversation" in record:
+        row["conversation"] = {"prompt": record["conversation"]["prompt"]}
+    return row
 
 
 def _gather_rows(rows: list[dict]) -> list[dict]:
@@ -35,23 +50,14 @@ def evaluate(ctx: Any, records: Sequence[dict], step: int) -> tuple[dict[str, fl
     chunk = max(1, config.rollout_batch_size // processes)
     rows: list[dict] = []
     sampler = models.sampler.model()  # a collective under ZeRO-3: every process calls it once
+    failure = None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(config.seed, step, rank, "eval"))
-        for start in range(0, len(mine), chunk):
-            part = mine[start : start + chunk]
-            prompts = [r["prompt"] for r in part]
-            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
-                sampler, models.tokenizer, prompts, ctx.rollout, device=models.device
-            )
-            batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
-            with resident(getattr(models.reward, "model", None), models.device, config.offload_frozen):
-                scores = models.reward(batch).float().cpu()
-            lengths = mask.sum(dim=1).cpu()
-            for i, prompt in enumerate(prompts):
-                rows.append({
-                    "index": rank + (start + i) * processes, "prompt": prompt, "response": batch.responses[i],
-                    "score": float(scores[i]), "length": int(lengths[i]), "eos": bool(has_eos[i]),
-                })  # fmt: skip
+        try:
+            _score_shard(ctx, mine, chunk, rank, processes, sampler, rows)
+        except UserError as error:  # a user's reward function failed (train/ppo/stopping.py)
+            failure = error
+    stopping.agree(failure)
     rows = sorted(_gather_rows(rows), key=lambda row: row["index"])  # back in held-out order
     for row in rows:
         del row["index"]
@@ -63,3 +69,23 @@ def evaluate(ctx: Any, records: Sequence[dict], step: int) -> tuple[dict[str, fl
         "prompts": float(len(rows)),
     }
     return metrics, rows
+
+
+def _score_shard(ctx: Any, mine: Sequence[dict], chunk: int, rank: int, processes: int, sampler, rows: list[dict]) -> None:
+    """Sample and score this process's held-out prompts, appending one row per prompt."""
+    config, models = ctx.config, ctx.models
+    for start in range(0, len(mine), chunk):
+        part = mine[start : start + chunk]
+        prompts = [ctx.chat.prompt(r) for r in part]
+        prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
+            sampler, models.tokenizer, prompts, ctx.rollout, device=models.device
+        )
+        batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
+        with resident(getattr(models.reward, "model", None), models.device, config.offload_frozen):
+            scores = models.reward(batch).float().cpu()
+        lengths = mask.sum(dim=1).cpu()
+        for i, record in enumerate(part):
+            rows.append({
+                "index": rank + (start + i) * processes, **sample_prompt(record), "response": batch.responses[i],
+                "score": float(scores[i]), "length": int(lengths[i]), "eos": bool(has_eos[i]),
+            })  # fmt: skip

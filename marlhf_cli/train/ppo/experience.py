@@ -13,8 +13,9 @@ token a_t (t = 0 .. T-1):
   KL compares the two models' unfiltered distributions;
 * ``values[t]``: the critic's V(state before a_t), read at the column of the token
   preceding a_t (the last prompt token for a_0), see :mod:`.forward`;
-* ``mask[t]``: 1 for real tokens up to and including the first EOS; a response cut at the
-  length limit has no EOS and is real to its end;
+* ``mask[t]``: 1 for real tokens up to and including the first EOS (or the chat template's
+  end-of-turn token, ``RolloutSettings.stop_token_ids``); a response cut at the length limit
+  has no EOS and is real to its end;
 * ``kl[t]``: the per-token KL estimate (k1 = old_logp - ref_logp by default, k3 optional);
 * ``rewards[t] = -kl_coef * kl[t]``, plus the clipped score at the last real token only.
 
@@ -52,11 +53,12 @@ class RolloutSettings:
     missing_eos_penalty: float | None = None
     offload_frozen: bool = False
     forward_batch_size: int = 8
+    stop_token_ids: tuple[int, ...] = ()  # beside EOS: a chat template's end-of-turn token (marlhf_cli.chat)
 
     @classmethod
-    def from_config(cls, config, forward_batch_size: int) -> "RolloutSettings":
-        names = {f.name for f in fields(cls)} - {"forward_batch_size"}
-        return cls(forward_batch_size=forward_batch_size, **{n: getattr(config, n) for n in names})
+    def from_config(cls, config, forward_batch_size: int, stop_token_ids: tuple[int, ...] = ()) -> "RolloutSettings":
+        names = {f.name for f in fields(cls)} - {"forward_batch_size", "stop_token_ids"}
+        return cls(forward_batch_size=forward_batch_size, stop_token_ids=tuple(stop_token_ids), **{n: getattr(config, n) for n in names})
 
     @property
     def sampling(self) -> SamplingParams:
@@ -166,12 +168,13 @@ def generate(model, tokenizer, prompts: Sequence[str], settings: RolloutSettings
 def _generate(model, tokenizer, prompts, settings: RolloutSettings, *, device, with_logprobs: bool = False):
     """:func:`generate`, plus the sampled tokens' log-probs (or None) as a sixth item."""
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, settings.max_prompt_length, device)
+    stop = (tokenizer.eos_token_id, *settings.stop_token_ids)
     sampled = sample(
         model, prompt_ids, prompt_mask, settings.sampling,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, with_logprobs=with_logprobs,
+        eos_token_id=stop, pad_token_id=tokenizer.pad_token_id, with_logprobs=with_logprobs,
     )
     response_ids, logprobs = sampled if with_logprobs else (sampled, None)
-    mask, has_eos = response_mask(response_ids, tokenizer.eos_token_id)
+    mask, has_eos = response_mask(response_ids, stop)
     return prompt_ids, prompt_mask, response_ids, mask, has_eos, logprobs
 
 

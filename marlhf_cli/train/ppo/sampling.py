@@ -15,6 +15,7 @@ resumed run draws the same responses as an uninterrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -57,12 +58,19 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def response_mask(response_ids: torch.Tensor, eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask, has_eos): mask is 1 for tokens up to and including the first EOS.
+def stops(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> torch.Tensor:
+    """Where ``response_ids`` holds a token that ends a response: EOS, or any of several ids
+    (EOS and a chat template's end-of-turn token, marlhf_cli.chat)."""
+    return torch.isin(response_ids, torch.as_tensor(eos_token_id, device=response_ids.device).reshape(-1))
+
+
+def response_mask(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, has_eos): mask is 1 for tokens up to and including the first EOS (the first
+    token of ``eos_token_id`` when it lists several).
 
     A response with no EOS (cut at the length limit) is real to its end.
     """
-    is_eos = response_ids == eos_token_id
+    is_eos = stops(response_ids, eos_token_id)
     eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
     return (~eos_before).long(), is_eos.any(dim=1)
 
@@ -74,13 +82,14 @@ def sample(
     prompt_mask: torch.Tensor,
     params: SamplingParams,
     *,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     with_logprobs: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample responses for left-padded prompts: [B, T] ids, ``pad_token_id`` after EOS.
 
-    Stops early once every row has produced EOS. ``model`` must hold whole parameters (under
+    ``eos_token_id``: the id, or ids, that end a response (under a chat template EOS and the
+    template's end-of-turn token). Stops early once every row has produced one. ``model`` must hold whole parameters (under
     ZeRO-3, sample with :class:`marlhf_cli.train.generation.GenerationModel`'s copy), so
     sampling runs no collective and each process may stop at its own length.
 
@@ -119,7 +128,7 @@ def sample(
                 logprobs.append(torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1))
             token = torch.where(finished, torch.full_like(token, pad_token_id), token)
             tokens.append(token)
-            finished |= token == eos_token_id
+            finished |= stops(token, eos_token_id)
             if bool(finished.all()):
                 break
             # Tokens after a row's EOS are fed as real too: causal attention keeps them

@@ -14,6 +14,7 @@ from ... import engine as eng
 from ...artifacts import RunDir
 from ...errors import UserError
 from ...macro.segmentation import missing_parser
+from ...rewards.function import is_function_spec
 from . import credit
 from .rewards import RewardFn
 
@@ -27,7 +28,8 @@ def run_name(config) -> str:
             raise UserError(f"--name '{config.name}': use letters, digits, '.', '_' and '-' only")
         return config.name
     k = group_size(config)
-    suffix = "" if k == DEFAULT_GROUP_SIZE[config.advantage] else f"-k{k}"
+    suffix = "" if config.loss_aggregation == "token-mean" else f"-{config.loss_aggregation}"
+    suffix += "" if k == DEFAULT_GROUP_SIZE[config.advantage] else f"-k{k}"
     if is_critic_free(config):
         return config.advantage + ("" if config.ratio == "token" else f"-{config.ratio}-ratio") + suffix
     rule = credit.make_rule(config)
@@ -72,34 +74,38 @@ REWARDS = ("model", "apps")
 def describe(config, rule) -> str:
     """The start-up line's account of what this run does (also run.json's credit_assignment)."""
     k = group_size(config)
+    aggregation = "" if config.loss_aggregation == "token-mean" else f", {config.loss_aggregation} loss"
     if config.advantage == "rloo":
         what = f"RLOO (no critic: {k} responses per prompt, leave-one-out baseline, KL penalty in the reward"
     elif config.advantage == "grpo":
         what = f"GRPO (no critic: {k} responses per prompt, group-normalised score, KL loss k3 x {config.kl_coef:g}"
     else:
-        return credit.describe(rule, config.value_function, config.ratio) + (f", {k} responses per prompt" if k > 1 else "")
+        per_prompt = f", {k} responses per prompt" if k > 1 else ""
+        return credit.describe(rule, config.value_function, config.ratio) + per_prompt + aggregation
     ratio = "one ratio per response" if config.ratio == "macro" else "token ratios"
-    return what + f"; {ratio}; termination rules and value functions do not apply)"
+    return what + f"; {ratio}{aggregation}; termination rules and value functions do not apply)"
 
 
 def reward_kind(config) -> str:
-    """``--reward``, or by default ``apps`` for the APPS dataset (its reward is the tests'
-    outcome, docs/method.md "Program rewards") and ``model`` (the reward model) for everything else."""
+    """``model``, ``apps`` or ``function`` (``--reward py:FILE.py:FUNCTION``); by default
+    ``apps`` for the APPS dataset (its reward is the tests' outcome, docs/method.md "Program
+    rewards") and ``model`` (the reward model) for everything else."""
     if config.reward:
-        return config.reward
+        return "function" if is_function_spec(config.reward) else config.reward
     return "apps" if config.dataset == "apps" else "model"
 
 
 def model_sources(config, run_dir: RunDir) -> tuple[str, str]:
     """(policy, critic source): the flags, else the run's sft/ and rm/ (or a 'run X first' error).
 
-    With ``--reward apps`` there is no reward model: the critic starts from the policy
-    (docs/method.md "Program rewards") unless ``--reward-model`` names one.
+    With ``--reward apps`` or a Python function there is no reward model: the critic starts
+    from the policy (docs/method.md "Program rewards") unless ``--reward-model`` names one,
+    and no rm/ is needed.
     """
     policy = str(config.policy) if config.policy else str(run_dir.require("sft"))
     if config.reward_model:
         return policy, str(config.reward_model)
-    if reward_kind(config) == "apps":
+    if reward_kind(config) in ("apps", "function"):
         return policy, policy
     return policy, str(run_dir.require("rm"))
 
@@ -110,6 +116,10 @@ def make_reward(config) -> RewardFn | None:
         from ...rewards.apps import AppsReward
 
         return AppsReward()  # the compiler signal: run the response against the problem's tests
+    if reward_kind(config) == "function":
+        from ...rewards.function import FunctionReward
+
+        return FunctionReward(config.reward)  # the user's own function (rewards/function.py)
     return None
 
 

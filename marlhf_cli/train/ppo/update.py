@@ -8,8 +8,10 @@ when ``gradient_accumulation_steps`` = micro-batches per minibatch, scaling each
 1/steps itself). Gradient clipping is the engine's (``max_grad_norm``).
 
 Losses are the macro ones (docs/method.md "Losses"): every token carries its segment's advantage and
-return; ``ratio="macro"`` uses one ratio per segment. Each micro-batch's loss is a mean over
-its own real tokens (with one micro-batch per minibatch: over the minibatch's tokens).
+return; ``ratio="macro"`` uses one ratio per segment. Each micro-batch's policy loss is
+aggregated over its own real tokens by ``loss_aggregation`` (docs/method.md "Loss
+aggregation": a token mean by default; with one micro-batch per minibatch, over the
+minibatch's tokens); the critic's loss is a token mean.
 
 Critic-free runs (rloo, grpo) pass ``critic=None``: only the actor is trained. GRPO sets
 ``kl_loss_coef`` (beta): the loss becomes the clipped surrogate plus beta times the k3 KL to
@@ -37,6 +39,8 @@ class UpdateSettings:
     ratio: str = "token"
     temperature: float = 0.8
     kl_loss_coef: float = 0.0  # GRPO's beta: KL to the reference as a loss term (0: none)
+    loss_aggregation: str = "token-mean"  # token-mean | sequence-mean | token-sum (macro.aggregate)
+    max_new_tokens: int | None = None  # the generation budget: token-sum's constant normaliser
 
 
 def _select(experience, index: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -73,10 +77,13 @@ def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator
                 actor_loss, actor_stats = policy_loss(
                     logp, part["old_logp"], part["advantages"], mask,
                     clip=settings.clip_range, ratio=settings.ratio, segment_ids=part["segment_ids"],
+                    aggregation=settings.loss_aggregation, max_length=settings.max_new_tokens,
                 )
                 sums["policy_loss"] += float(actor_loss.detach())
                 if settings.kl_loss_coef:
-                    reference_kl = kl_loss(logp, part["ref_logp"], mask)
+                    reference_kl = kl_loss(
+                        logp, part["ref_logp"], mask, settings.loss_aggregation, settings.max_new_tokens
+                    )
                     actor_loss = actor_loss + settings.kl_loss_coef * reference_kl
                     sums["kl_loss"] += float(reference_kl.detach())
                 actor.backward(actor_loss)

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The GPU suite: three stages, each one command of under 9 minutes on an H100.
+#
+#   benchmarks/gpu/suite.sh STAGE OUTDIR [--device cpu]
+#
+#   tests  pytest -m gpu (tests/test_gpu.py): sft, rm, PPO / MA-PPO / RLOO / GRPO in bf16, ZeRO 0-3,
+#          the KV-cached sampler against a full forward, SIGKILL + --resume
+#          -> OUTDIR/tests.log, OUTDIR/tests.xml (JUnit, with the sampler's measured gaps)
+#   speed  step_cost.py and vs_trl.py in bf16 at SmolLM2-135M's and -1.7B's shapes: tokens/s,
+#          seconds per step by phase, peak GPU memory, model TFLOP/s against the bf16 peak
+#          -> OUTDIR/speed.log, step_cost-<shape>.json, vs_trl-<shape>.json, speed.json, speed.png
+#   study  the credit-assignment pilot at SmolLM2-135M's shape with 256-token responses
+#          (gpu/credit_scale.py) -> OUTDIR/study.log, credit_scale.json, credit_scale.png, runs.log
+#
+# On any CUDA machine with the project installed (README.md; TRL 1.12.0 beside it for vs_trl),
+# from the repository root. On the lent machine, after install.sh: this script sources its env.
+# --device cpu (or MARLHF_SUITE_DEVICE=cpu) is the dry run: the same commands on the CPU with
+# the tiny model and a few steps, so that every line has run before a GPU is lent.
+# PYTHON picks the interpreter (default python3); each part has a time limit (seconds) so
+# that one part that hangs cannot take the stage's time; the stage's exit status is 1 when any
+# part failed, and every part runs regardless.
+set -uo pipefail
+
+STAGE=${1:-}
+OUT=${2:-}
+DEVICE=${MARLHF_SUITE_DEVICE:-cuda}
+[ "${3:-}" = "--device" ] && DEVICE=${4:-}
+case "$STAGE" in tests | speed | study) ;; *) echo "usage: benchmarks/gpu/suite.sh tests|speed|study OUTDIR [--device cpu]" >&2; exit 2 ;; esac
+[ -n "$OUT" ] || { echo "suite: OUTDIR missing" >&2; exit 2; }
+case "$DEVICE" in cuda | cpu) ;; *) echo "suite: --device is cuda or cpu, not '$DEVICE'" >&2; exit 2 ;; esac
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+SITE_ENV=${MARLHF_SITE:-/tmp/marlhf-site}/env.sh
+# shellcheck disable=SC1090
+[ -f "$SITE_ENV" ] && . "$SITE_ENV"  # the lent machine: what install.sh installed
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$REPO" || exit 1
+THREADS=1
+[ "$DEVICE" = cuda ] && THREADS=4  # torch's CPU threads per process (the GPU does the work)
+
+# part NAME SECONDS COMMAND...: run one part under a time limit (its child processes too),
+# record a failure, go on
+part() {
+    local name=$1 limit=$2
+    shift 2
+    echo "## $name ($(date -u +%H:%M:%S), limit ${limit} s): $*"
+    local began=$SECONDS
+    timeout --kill-after=10 "$limit" "$@"
+    local code=$?
+    echo "## $name: exit $code after $((SECONDS - began)) s"
+    [ "$code" -eq 0 ] || FAILED+=("$name (exit $code)")
+}
+
+stage() {
+    FAILED=()
+    echo "# suite $STAGE on $DEVICE, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    "$PYTHON" "$HERE/device.py" || FAILED+=("device report")
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    "$PYTHON" -c "import sys, torch, transformers, deepspeed; print(f'# python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, deepspeed {deepspeed.__version__}')" \
+        || FAILED+=("imports")
+    if [ "$DEVICE" = cuda ]; then
+        "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'suite: torch sees no GPU; --device cpu runs the dry run')" || return 1
+    fi
+    case "$STAGE" in
+    tests) tests_stage ;;
+    speed) speed_stage ;;
+    study) study_stage ;;
+    esac
+    if [ "${#FAILED[@]}" -gt 0 ]; then
+        printf '# suite %s FAILED: %s\n' "$STAGE" "$(IFS=';'; echo "${FAILED[*]}")"
+        return 1
+    fi
+    echo "# suite $STAGE passed; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+}
+
+tests_stage() {
+    [ "$DEVICE" = cpu ] && export MARLHF_GPU_TESTS_ON_CPU=1
+    # shellcheck disable=SC2086
+    part "pytest -m gpu" 520 "$PYTHON" -m pytest -m gpu tests/test_gpu.py -q -ra -p no:cacheprovider \
+        --junitxml "$OUT/tests.xml" ${MARLHF_SUITE_PYTEST_ARGS:-}
+}
+
+speed_stage() {
+    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} plan model warmup tokens row
+    # shape|step_cost limit|rounds|rules|vs_trl limit|rounds|steps
+    if [ "$DEVICE" = cuda ]; then
+        # (1.7B: each of the four models is initialised on the CPU first, ~15 s apiece)
+        plan=("smollm2-135m|90|2|fixed 5,fixed inf,randomized,ppl,code|100|1|8" "smollm2-1.7b|150|1|fixed 5|170|1|6")
+        model=random: warmup=2 tokens=64
+    else  # the dry run: the tiny model, one shape, a few steps
+        plan=("tiny|120|1|fixed 5|120|1|3")
+        model="" warmup=1 tokens=16
+    fi
+    for row in "${plan[@]}"; do
+        IFS='|' read -r shape cost_limit rounds rules trl_limit trl_rounds steps <<<"$row"
+        part "step_cost $shape" "$cost_limit" "$PYTHON" benchmarks/step_cost.py --model "$model$shape" \
+            --device "$DEVICE" --dtype bf16 --rounds "$rounds" --rules "$rules" --batch 8 --new-tokens "$tokens" \
+            --threads "$THREADS" --flops --json "$OUT/step_cost-$shape.json"
+        if "$trl_python" -c "import trl" 2>/dev/null; then
+            part "vs_trl $shape" "$trl_limit" "$PYTHON" benchmarks/vs_trl.py --model "$model$shape" --device "$DEVICE" \
+                --dtype bf16 --rounds "$trl_rounds" --steps "$steps" --warmup "$warmup" --no-shipped --threads "$THREADS" \
+                --trl-python "$trl_python" --flops --json "$OUT/vs_trl-$shape.json"
+        elif [ "$DEVICE" = cuda ]; then
+            FAILED+=("vs_trl $shape: $trl_python cannot import trl (install trl==1.12.0)")
+        else
+            echo "## vs_trl $shape: SKIPPED in the dry run: $trl_python cannot import trl (pip install --no-deps trl==1.12.0)"
+        fi
+    done
+    part "speed report" 60 "$PYTHON" "$HERE/speed_report.py" "$OUT"
+}
+
+study_stage() {
+    if [ "$DEVICE" = cuda ]; then
+        part "credit_scale" 500 "$PYTHON" "$HERE/credit_scale.py" --out "$OUT" --device cuda --dtype bf16 --budget 420
+    else
+        part "credit_scale" 300 "$PYTHON" "$HERE/credit_scale.py" --out "$OUT" --device cpu --dtype bf16 \
+            --model tiny --tokens 8 --steps 2 --seeds 1 --budget 120
+    fi
+}
+
+stage 2>&1 | tee "$OUT/$STAGE.log"
+exit "${PIPESTATUS[0]}"

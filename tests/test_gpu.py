@@ -1,0 +1,175 @@
+"""The CUDA paths: sft, rm and every PPO estimator in bf16, ZeRO 0-3 on one GPU, the KV-cached
+sampler against a full forward, and --resume. ``pytest -m gpu`` (benchmarks/gpu/suite.sh tests).
+
+Every test is skipped where torch sees no GPU, so the default test run pays nothing for
+them. ``MARLHF_GPU_TESTS_ON_CPU=1`` runs them on the CPU instead: the suite's dry run, which
+executes every line here once before a GPU is ever lent (bf16 works on a CPU, slowly).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from _toy_prefs import sft_then_rm, write_toy_preferences
+from marlhf_cli import config as config_module
+from marlhf_cli.artifacts import read_jsonl
+
+ON_CPU = os.environ.get("MARLHF_GPU_TESTS_ON_CPU") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (CUDA or ON_CPU), reason="needs a GPU (MARLHF_GPU_TESTS_ON_CPU=1 runs these on the CPU)"),
+]
+
+FINITE = ("score", "reward", "kl", "policy_loss", "entropy", "response_length", "step_time", "tokens_per_second")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> Path:
+    return write_toy_preferences(tmp_path_factory.mktemp("toy") / "prefs.jsonl")
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, toy) -> Path:
+    """``marlhf sft`` then ``marlhf rm`` in bf16 on the toy preferences, as a user runs them."""
+    return sft_then_rm(tmp_path_factory.mktemp("run"), toy, "--dtype", "bf16")
+
+
+def _used_the_gpu() -> None:
+    if CUDA:  # the run happened in this process: its engines allocated GPU memory
+        assert torch.cuda.max_memory_allocated() > 0
+
+
+def test_sft_and_rm_learn_in_bf16(pipeline):
+    sft = [r for r in read_jsonl(pipeline / "metrics" / "sft.jsonl") if r["split"] == "train"]
+    assert len(sft) == 8 and all(math.isfinite(r["loss"]) for r in sft)
+    assert sft[-1]["loss"] < sft[0]["loss"]
+    held_out = [r for r in read_jsonl(pipeline / "metrics" / "rm.jsonl") if r["split"] == "eval"]
+    assert held_out[-1]["accuracy"] >= 0.9  # "good" over "bad" learned, as in fp32 (test_rm.py)
+    stages = json.loads((pipeline / "run.json").read_text())["stages"]
+    assert stages["sft"]["config"]["dtype"] == stages["rm"]["config"]["dtype"] == "bf16"
+    _used_the_gpu()
+
+
+def _ppo(run_dir: Path, toy: Path, name: str, **overrides) -> list[dict]:
+    from marlhf_cli.train import ppo
+
+    flags = dict(run_dir=str(run_dir), dataset=str(toy), name=name, dtype="bf16", rollout_batch_size=4,
+                 mini_batch_size=4, max_new_tokens=16, max_prompt_length=32, max_steps=2, eval_every=2,
+                 eval_prompts=2, save_every=0, actor_lr=1e-4, critic_lr=1e-4, seed=0)  # fmt: skip
+    ppo.run(config_module.resolve("ppo", flags={**flags, **overrides}))
+    return [r for r in read_jsonl(run_dir / "metrics" / f"ppo-{name}.jsonl") if r["split"] == "train"]
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vanilla", dict(termination="fixed", n=1)),
+        ("fixed5", dict(termination="fixed", n=5)),
+        ("ppl", dict(termination="ppl")),
+        ("rloo", dict(advantage="rloo", samples_per_prompt=2)),
+        ("grpo", dict(advantage="grpo", samples_per_prompt=2)),
+    ],
+)
+def test_ppo_estimators_in_bf16(pipeline, toy, name, overrides):
+    """Two steps from the run's own sft/ and rm/ in bf16, evaluation and export included."""
+    rows = _ppo(pipeline, toy, name, **overrides)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in FINITE:
+            assert math.isfinite(row[key]), key
+    # in bf16 the old log-probs come from a forward shaped like the reference's: at step 1 the
+    # policy is the reference, so the KL is exactly zero (the KV-cached pass would be ~0.06 off)
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    if name == "vanilla":
+        assert all(r["segment_length"] == 1 for r in rows)
+    if name == "fixed5":
+        assert all(1 < r["segment_length"] <= 5 for r in rows)
+    if name in ("rloo", "grpo"):
+        assert all(r["responses"] == 8 for r in rows)  # 4 prompts x K=2
+        assert not (pipeline / "ppo" / name / "critic").exists()
+    assert len(read_jsonl(pipeline / "samples" / f"{name}.jsonl")) == 2
+    assert (pipeline / "ppo" / name / "config.json").is_file()
+    _used_the_gpu()
+
+
+def test_zero_stages_0_to_3_give_the_same_first_step(pipeline, toy):
+    """ZeRO partitions optimizer state (1), gradients (2) and parameters (3) differently; on one
+    GPU the first step's samples and losses are the same for every stage."""
+    first = {}
+    for stage in (0, 1, 2, 3):
+        rows = _ppo(pipeline, toy, f"zero{stage}", zero_stage=stage, max_steps=1, eval_every=0, eval_prompts=0)
+        first[stage] = rows[0]
+        assert (pipeline / "ppo" / f"zero{stage}" / "config.json").is_file()  # ZeRO-3: gathered for export
+    for stage in (1, 2, 3):
+        assert first[stage]["response_length"] == first[0]["response_length"], stage
+        assert first[stage]["score"] == pytest.approx(first[0]["score"], abs=1e-3), stage
+        assert first[stage]["policy_loss"] == pytest.approx(first[0]["policy_loss"], rel=0.05, abs=1e-3), stage
+    _used_the_gpu()
+
+
+def test_kv_cached_sampler_log_probs_match_a_full_forward(record_property):
+    """The sampler's log-probs (the old log-probs of an fp32 run) against one full forward over
+    [prompt | response], on SmolLM2-135M's shape: to float rounding in fp32, within bf16's
+    rounding in bf16 (where the rollout takes the old log-probs from a forward instead)."""
+    from marlhf_cli.models import load_causal_lm, load_tokenizer
+    from marlhf_cli.train.forward import policy_forward
+    from marlhf_cli.train.ppo.experience import tokenize_prompts
+    from marlhf_cli.train.ppo.sampling import SamplingParams, response_mask, sample
+
+    tokenizer = load_tokenizer("random:smollm2-135m", padding_side="left")
+    prompts = ["x", "a much longer prompt than the first one", "third one"]
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, 32, DEVICE)
+    params = SamplingParams(0.7, 0, 1.0, 24)
+    model = load_causal_lm("random:smollm2-135m").to(DEVICE).eval()
+    for dtype, tolerance in ((torch.float32, 1e-3), (torch.bfloat16, 0.25)):
+        model.to(dtype)
+        torch.manual_seed(3)
+        ids, logp = sample(model, prompt_ids, prompt_mask, params, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id, with_logprobs=True)  # fmt: skip
+        torch.manual_seed(3)
+        again = sample(model, prompt_ids, prompt_mask, params, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        assert torch.equal(ids, again)  # asking for log-probs changes no token
+        mask, _ = response_mask(ids, tokenizer.eos_token_id)
+        sequences, attention = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
+        with torch.no_grad():
+            full, _ = policy_forward(model, sequences, attention, prompt_ids.shape[1], 0.7)
+        gap = (logp - full).abs()[mask.bool()]
+        name = str(dtype).split(".")[-1]
+        record_property(f"{name}_max_abs_gap", float(gap.max()))
+        record_property(f"{name}_mean_abs_gap", float(gap.mean()))
+        assert float(gap.max()) < tolerance, (name, float(gap.max()))
+        assert float(gap.mean()) < tolerance / 5, (name, float(gap.mean()))
+    _used_the_gpu()
+
+
+def test_sigkill_then_resume_in_bf16(tmp_path):
+    """SIGKILL after the step-2 checkpoint, then --resume: the resumed run logs the rows the
+    uninterrupted one does (test_ppo_resume.py's run, in bf16 and on the GPU)."""
+    from test_ppo_resume import NAME, command, environment, kill_once_saved, metrics
+
+    extra = ("--dtype", "bf16", "--max-steps", "4")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = subprocess.run(command(straight, *extra), env=environment(), capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    proc = subprocess.Popen(command(killed, *extra), env=environment(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    kill_once_saved(proc, killed / "ppo" / NAME / "checkpoints" / "critic" / "latest")
+    resumed = subprocess.run(command(killed, *extra, "--resume"), env=environment(), capture_output=True, text=True, timeout=500)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step" in resumed.stderr
+    want, got = metrics(straight), metrics(killed)
+    assert [(r["split"], r["step"]) for r in got] == [(r["split"], r["step"]) for r in want]
+    for a, b in zip(got, want):
+        numbers = {k for k, v in b.items() if isinstance(v, float)}
+        assert {k: a[k] for k in numbers} == pytest.approx({k: b[k] for k in numbers}, rel=1e-3, abs=1e-4), (a["split"], a["step"])

@@ -1,0 +1,81 @@
+"""benchmarks/gpu/suite.sh on the CPU (--device cpu: the tiny model, a few steps), so that a
+GPU's first minutes never meet a script that cannot run.
+
+The speed stage (step_cost.py, vs_trl.py, the report) and a failing part run with the other
+slow tests. The whole dry run takes minutes on a 2-core CPU, more than the test budget allows,
+so the study stage and the tests stage (here with one of tests/test_gpu.py's tests) run only
+with MARLHF_SUITE_DRY_RUN=1; benchmarks/gpu/README.md gives the full dry run's commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "suite.sh"
+
+
+def _suite(stage: str, out: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, PYTHON=sys.executable, MARLHF_SITE=str(out / "no-site"), OMP_NUM_THREADS="1", **env)
+    return subprocess.run(["bash", str(SUITE), stage, str(out), "--device", "cpu"], env=environment,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def _trl_importable() -> bool:
+    return subprocess.run([sys.executable, "-c", "import trl"], capture_output=True).returncode == 0
+
+
+def test_speed_stage(tmp_path):
+    done = _suite("speed", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "# device: CPU" in done.stdout and "# suite speed passed" in done.stdout
+    cost = json.loads((tmp_path / "step_cost-tiny.json").read_text())
+    vanilla = cost["rules"]["vanilla (fixed 1)"]
+    assert vanilla["median"]["response_length"] > 0 and vanilla["tflops"] > 0 and vanilla["share_of_peak"] is None
+    assert set(cost["rules"]) == {"vanilla (fixed 1)", "fixed 5"} and cost["dtype"] == "bf16"
+    if _trl_importable():
+        tools = json.loads((tmp_path / "vs_trl-tiny.json").read_text())["tools"]
+        assert set(tools) == {"marlhf", "trl-core"} and all(t["tokens_per_step"] > 0 for t in tools.values())
+    else:
+        assert "vs_trl tiny: SKIPPED in the dry run" in done.stdout
+    summary = json.loads((tmp_path / "speed.json").read_text())
+    assert [row["shape"] for row in summary] == ["tiny"]
+    assert (tmp_path / "speed.png").stat().st_size > 1000
+    assert (tmp_path / "speed.log").read_text() == done.stdout  # the log is what was printed
+
+
+FULL = pytest.mark.skipif(os.environ.get("MARLHF_SUITE_DRY_RUN") != "1", reason="the full dry run: MARLHF_SUITE_DRY_RUN=1")
+
+
+@FULL
+def test_study_stage(tmp_path):
+    done = _suite("study", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    study = json.loads((tmp_path / "credit_scale.json").read_text())
+    assert study["seeds"] == [0] and set(study["tasks"]) == {"target", "prefix"}
+    for table in study["tasks"].values():
+        assert set(table) == {"ppo-lam0.95", "ppo-lam1.0", "fixed5", "grpo"}
+        assert all(len(s["curves"]) == 1 and len(s["curves"][0]) == 2 for s in table.values())
+    assert (tmp_path / "credit_scale.png").stat().st_size > 1000
+
+
+@FULL
+def test_tests_stage_runs_the_gpu_tests_on_the_cpu(tmp_path):
+    done = _suite("tests", tmp_path, MARLHF_SUITE_PYTEST_ARGS="-k sampler")
+    assert done.returncode == 0, done.stdout[-3000:]
+    report = (tmp_path / "tests.xml").read_text()
+    assert report.count("<testcase ") == 1 and 'failures="0"' in report and 'errors="0"' in report
+    assert "bfloat16_max_abs_gap" in report  # the sampler's measured gap, kept for the record
+
+
+def test_a_failing_part_fails_the_stage_and_the_rest_still_runs(tmp_path):
+    done = _suite("tests", tmp_path, MARLHF_SUITE_PYTEST_ARGS="-k no_such_test")
+    assert done.returncode == 1
+    assert "# suite tests FAILED: pytest -m gpu (exit 5)" in done.stdout  # pytest: nothing collected
