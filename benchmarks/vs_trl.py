@@ -172,7 +172,8 @@ def run_tool(tool: str, work: Path, args, index: int) -> dict:
     common = ["--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device, "--out", str(out)]
     if tool == "marlhf":
         command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work), "--dtype", args.marlhf_dtype or args.dtype,
-                   "--prompt-tokens", str(args.prompt_tokens), *common]  # fmt: skip
+                   "--prompt-tokens", str(args.prompt_tokens), "--batch", str(SETTINGS["batch"]),
+                   "--new-tokens", str(SETTINGS["new_tokens"]), *common]  # fmt: skip
     else:
         command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
@@ -199,6 +200,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, alternating")
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=SETTINGS["batch"], help="responses per step (default %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=SETTINGS["new_tokens"], help="response length limit (default %(default)s)")
     parser.add_argument("--model", default=None, help="real weights for policy, reference, value and reward base "
                         "(e.g. smollm2-135m; same tokenizer); default: a random-init Llama of --hidden/--layers")
     parser.add_argument("--hidden", type=int, default=None, help="model width (default: the tiny alias, 64)")
@@ -215,6 +218,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     H.add_device_args(parser)
     args = parser.parse_args()
+    SETTINGS.update(batch=args.batch, new_tokens=args.new_tokens)
     if args.marlhf_worker:
         return marlhf_worker(args)
     if not args.trl_python.is_file():
