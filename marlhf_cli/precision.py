@@ -12,7 +12,7 @@ bf16 here is mixed precision as DeepSpeed's bf16 mode means it: the model comput
 the optimizer keeps fp32 master weights and fp32 AdamW states; log-softmax, losses, values,
 rewards and GAE are computed in fp32 (:mod:`marlhf_cli.train.forward`, :mod:`marlhf_cli.macro`).
 
-``MARLHF_AUTO_DTYPE=fp32|bf16`` decides what ``auto`` means without looking at the
+``MARLHF_AUTO_DTYPE=fp32|bf16`` decides what ``auto`` means, silently, without looking at the
 hardware (the test suite pins fp32 so that its results do not depend on the machine).
 Imports no torch at module level: option checks stay light.
 """
@@ -53,7 +53,9 @@ def auto_dtype(*, cuda_capability: tuple[int, int] | None, flags: frozenset[str]
 
 def resolve(dtype: str) -> tuple[str, str | None]:
     """(fp32|bf16, why): ``dtype`` itself unless it is ``auto``; for ``auto``, the override or
-    what this machine's device is good at. Call it once the stage knows its device."""
+    what this machine's device is good at. ``why`` is None when there is nothing to tell the
+    user (an explicit dtype, or the override they set). Call it once the stage knows its
+    device."""
     if dtype != "auto":
         return dtype, None
     forced = os.environ.get(OVERRIDE, "").strip()
@@ -62,7 +64,7 @@ def resolve(dtype: str) -> tuple[str, str | None]:
             from .errors import UserError
 
             raise UserError(f"{OVERRIDE}={forced!r}: expected fp32 or bf16")
-        return forced, f"{OVERRIDE}={forced}"
+        return forced, None
     import torch
 
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None

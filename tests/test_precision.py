@@ -39,7 +39,7 @@ def test_resolve_keeps_an_explicit_dtype_and_honours_the_override(monkeypatch):
     assert precision.resolve("fp32") == ("fp32", None)
     assert precision.resolve("bf16") == ("bf16", None)
     monkeypatch.setenv(precision.OVERRIDE, "bf16")
-    assert precision.resolve("auto")[0] == "bf16"
+    assert precision.resolve("auto") == ("bf16", None)  # the user's own pin: nothing to tell
     monkeypatch.setenv(precision.OVERRIDE, "fp16")
     with pytest.raises(UserError, match="expected fp32 or bf16"):
         precision.resolve("auto")
@@ -62,10 +62,10 @@ def test_auto_is_the_default_and_is_resolved_at_stage_start(tmp_path, monkeypatc
     assert config.dtype == "auto"
     said = []
     monkeypatch.setattr(common, "say", said.append)
-    monkeypatch.setenv(precision.OVERRIDE, "bf16")
+    monkeypatch.setattr(precision, "resolve", lambda dtype: ("bf16", "the CPU has amx_bf16"))
     common.resolve_dtype(config)
     assert config.dtype == "bf16"
-    assert said == [f"precision: bf16 (--dtype auto: {precision.OVERRIDE}=bf16)"]
+    assert said == ["precision: bf16 (--dtype auto: the CPU has amx_bf16)"]
 
 
 def _one_ppo_step(tmp_path, dtype):
