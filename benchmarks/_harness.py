@@ -119,10 +119,14 @@ def machine_line(args: argparse.Namespace | None = None) -> str:
 
 
 def ppo_config(run_dir: str | Path, **flags):
-    """A PPOConfig from flags, as ``marlhf ppo`` would resolve them (no preset, no file)."""
+    """A PPOConfig from flags, as ``marlhf ppo`` would resolve them (no preset, no file).
+
+    The paper's shares by default, also for :func:`write_prompts`' prompt/completion files
+    (which ``ppo`` would otherwise sample from whole): the prompts the recorded results used."""
     from marlhf_cli import config as config_module
 
     flags.setdefault("run_dir", str(run_dir))
+    flags.setdefault("split_shares", "20/40/40")
     return config_module.resolve("ppo", flags=flags)
 
 

@@ -25,8 +25,9 @@ DTYPES = ("auto", "fp32", "bf16")
 SCHEDULES = ("cosine", "linear")
 JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
 REWARDS = ("model", "apps")
-ADVANTAGES = ("gae", "rloo", "grpo")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
+ADVANTAGES = ("gae", "rloo", "grpo", "mc")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
+X_AXES = ("step", "tokens")  # marlhf ppo --compare --x-axis (train/ppo/report.py)
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -124,6 +125,25 @@ def rewards(*names: str) -> Accepts:
     return RewardChoice(lambda v: v in names, f"one of {', '.join(names)}, or py:FILE.py:FUNCTION")
 
 
+def _is_split_shares(text: Any) -> bool:
+    from .data.splits import parse_split_shares
+
+    try:
+        return bool(parse_split_shares(text))
+    except ValueError:
+        return False
+
+
+def _is_target_list(spec: Any) -> bool:
+    """--lora-targets: 'all-linear' or names (marlhf_cli.lora.target_names, which needs no torch)."""
+    from .lora import target_names
+
+    try:
+        return bool(target_names(spec))
+    except ValueError:
+        return False
+
+
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
 POSITIVE = at_least(1)
 
@@ -132,6 +152,7 @@ POSITIVE = at_least(1)
 ACCEPTS: dict[str, Accepts] = {
     "seed": at_least(0),
     "max_records": POSITIVE,
+    "split_shares": Accepts(_is_split_shares, "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
     "eval_records": at_least(0),
     "lr": at_least(0),  # 0 freezes the weights (the step-cost benchmarks sample identically)
     "batch_size": POSITIVE,
@@ -151,9 +172,15 @@ ACCEPTS: dict[str, Accepts] = {
     "max_grad_norm": at_least(0),
     "nproc": POSITIVE,
     "trainable_layers": at_least(0),
+    "lora_rank": at_least(0),
+    "lora_alpha": above(0),
+    "lora_dropout": between(0, 1, high_open=True),
+    "lora_targets": Accepts(_is_target_list, "all-linear or comma-separated module names (q_proj,v_proj)"),
     "reward": rewards(*REWARDS),
     "advantage": one_of(*ADVANTAGES),
-    "samples_per_prompt": POSITIVE,  # rloo/grpo need 2 or more: checked by the stage
+    "samples_per_prompt": POSITIVE,  # rloo/grpo/mc need 2 or more: checked by the stage
+    "mc_rollouts": POSITIVE,
+    "mc_max_boundaries": at_least(0),  # 0: no inner boundary, one macro action per response
     "rollout_batch_size": POSITIVE,
     "mini_batch_size": POSITIVE,
     "ppo_epochs": POSITIVE,
@@ -209,6 +236,12 @@ def flag_name(field_name: str) -> str:
     return FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
 
 
+def expected_words(stage: str, field_name: str) -> str | None:
+    """What ``field_name`` of ``stage`` accepts, in an error's words (None: no check)."""
+    accepts = STAGE_ACCEPTS.get(stage, {}).get(field_name) or ACCEPTS.get(field_name)
+    return accepts.expected if accepts is not None else None
+
+
 def check_fields(config: Any, names: Iterable[str], stage: str | None = None) -> None:
     """One-line error for the first of ``names`` whose value ACCEPTS (or STAGE_ACCEPTS) rejects."""
     special = STAGE_ACCEPTS.get(stage or "", {})
@@ -226,6 +259,9 @@ def validate(stage: str, config: Any) -> None:
         from .chat import check_template_file
 
         check_template_file(config.chat_template)
+    from .lora import check_options  # LoRA options that cannot go together (imports no torch)
+
+    check_options(config)
     if isinstance(getattr(config, "dataset", None), str):
         from .data.loader import check_source
 

@@ -39,6 +39,9 @@ PRODUCERS = {
 
 TRACKED_LIBRARIES = ("torch", "transformers", "deepspeed", "datasets", "spacy", "stanza", "openai")
 
+# run.json entries this process marked "running" and has not finished: what Ctrl-C leaves
+_RUNNING: dict[tuple[Path, str], "RunDir"] = {}
+
 
 # ---------------------------------------------------------------------------------------
 # atomic writes
@@ -159,6 +162,29 @@ def read_jsonl(path: str | Path) -> list[Any]:
 
 # ---------------------------------------------------------------------------------------
 # the run directory
+
+
+def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
+    """One-line error when nothing could be written at ``path``; creates nothing.
+
+    Checked when the options are, so a typo fails before a model loads. A path that is, or
+    runs through, a regular file can never be a folder. Otherwise the folder that would
+    hold it (``path`` itself, or its nearest existing parent) must take a new entry: tried
+    with an empty folder made and removed at once, since permission bits say nothing for
+    root, who can still not write to a read-only mount or to /sys.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: its target is missing
+            raise UserError(f"{flag} {path}: {existing} is a link to a missing {os.readlink(existing)}")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".marlhf-write-test-", dir=existing))
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror or err})") from None
 
 
 def library_versions() -> dict[str, str]:
@@ -282,4 +308,21 @@ class RunDir:
         if metrics is not None:
             entry["metrics"] = metrics
         write_json(self.manifest_path, manifest)
+        if status == "running":
+            _RUNNING[(self.root, stage)] = self
+        else:
+            _RUNNING.pop((self.root, stage), None)
         return entry
+
+
+def mark_interrupted() -> list[str]:
+    """Ctrl-C: each run.json entry this process left "running" says "interrupted" instead
+    (a killed process cannot say anything, and its entry stays "running"). Returns the stages."""
+    stages = []
+    for (_, stage), run in list(_RUNNING.items()):
+        try:
+            run.record_stage(stage, status="interrupted")
+        except (OSError, UserError):  # the run directory went away or was damaged meanwhile
+            continue
+        stages.append(stage)
+    return stages

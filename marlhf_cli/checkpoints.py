@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import artifacts, engine as eng
+from . import artifacts, engine as eng, lora
 from .errors import UserError
 
 PREFIX = "step-"
@@ -84,7 +84,11 @@ def save_checkpoint(engine, root: str | Path, step: int, state: dict[str, Any], 
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     eng.barrier()
-    engine.save_checkpoint(str(staging), tag=tag, client_state={"marlhf_step": step}, save_latest=False)
+    # a LoRA model's frozen base is left out: resuming reloads it (lora.base_identity checks it is the same)
+    engine.save_checkpoint(
+        str(staging), tag=tag, client_state={"marlhf_step": step}, save_latest=False,
+        exclude_frozen_parameters=lora.is_adapted(engine.module),
+    )  # fmt: skip
     torch.save(rng_state(), staging / tag / f"rng-rank{eng.rank()}.pt")
     eng.barrier()
     final = root / tag
@@ -202,8 +206,12 @@ def check_unfinished(folder: str | Path) -> None:
     """Refuse to resume a checkpoint that :func:`retire` emptied: its run finished."""
     state = read_state(folder)
     if state.get("finished"):
+        # the run's length, not this checkpoint's step (the last one is saved before the end)
+        fingerprint = state.get("fingerprint") or {}
+        steps = fingerprint.get("steps") or fingerprint.get("max_steps")
+        length = f" all its {steps} step{'' if steps == 1 else 's'}" if steps else ""
         raise UserError(
-            f"--resume: {Path(folder).parent} belongs to a run that finished (step {state.get('step')}); "
+            f"--resume: {Path(folder).parent} belongs to a run that finished{length}; "
             "nothing to resume: run without --resume to train again"
         )
 
@@ -215,8 +223,9 @@ def load_checkpoint(engine, folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     check_unfinished(folder)
     engine.load_checkpoint(
-        str(folder.parent), tag=folder.name, load_optimizer_states=True, load_lr_scheduler_states=True
-    )
+        str(folder.parent), tag=folder.name, load_optimizer_states=True, load_lr_scheduler_states=True,
+        load_module_strict=not lora.is_adapted(engine.module),  # a LoRA checkpoint holds no frozen base
+    )  # fmt: skip
     rng_file = folder / f"rng-rank{eng.rank()}.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
@@ -268,6 +277,7 @@ def export_pretrained(
     tokenizer=None,
     unwrap: Callable[[Any], Any] | None = None,
     config_updates: dict[str, Any] | None = None,
+    save: Callable[[Any, Path], None] | None = None,
 ) -> Path:
     """Write ``save_pretrained`` files into ``out_dir``; every rank must call this.
 
@@ -277,6 +287,8 @@ def export_pretrained(
     one). ``config_updates`` are extra ``config.json`` keys. Files appear in ``out_dir``
     with ``config.json`` last, which is what marks a stage output as finished
     (:meth:`RunDir.require`); other entries of ``out_dir`` (``checkpoints/``) are kept.
+    ``save(model, folder)`` replaces ``model.save_pretrained(folder)`` (a LoRA model's merged
+    weights and adapter: :func:`marlhf_cli.lora.merged_saver`).
     """
     out_dir = Path(out_dir)
     model = unwrap(engine.module) if unwrap else engine.module
@@ -289,7 +301,7 @@ def export_pretrained(
     try:
         with eng.gathered_params(engine):
             if eng.is_main():
-                model.save_pretrained(staging)
+                save(model, staging) if save else model.save_pretrained(staging)
         if eng.is_main():
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)
@@ -310,4 +322,6 @@ def _move_into(staging: Path, out_dir: Path) -> None:
         if old.is_file() and old.name not in new:
             old.unlink()
     for item in sorted(staging.iterdir(), key=lambda p: p.name == "config.json"):
+        if item.is_dir() and (out_dir / item.name).is_dir():  # adapter/ of an earlier export
+            shutil.rmtree(out_dir / item.name)
         os.replace(item, out_dir / item.name)

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import __version__, options
-from .accepts import flag_name
+from .accepts import X_AXES, flag_name, one_of
+from .errors import UserError
 from .evaluate import flags as eval_flags
 from .rewards import flags as passk_flags
 from .train import flags
@@ -116,7 +117,7 @@ def segment(
 
 @app.command()
 @options.user_errors
-@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
 def sft(
     model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). [default: google/gemma-2b]", show_default=False)] = None,
     packing: flags.PackingOption = None,
@@ -136,7 +137,7 @@ def sft(
 
 @app.command()
 @options.user_errors
-@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
 def rm(
     model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). [default: the run's sft/ folder]", show_default=False)] = None,
     trainable_layers: flags.TrainableLayersOption = None,
@@ -156,8 +157,8 @@ def rm(
 
 @app.command()
 @options.user_errors
-@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, options.RUN_DIR, options.COMMON)
-def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any) -> None:
+@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, options.RUN_DIR, options.COMMON)
+def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags.XAxis = None, **shared: Any) -> None:
     """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
 
     Policy and reference from sft/, critic and reward from rm/ (or the reward from your
@@ -166,17 +167,22 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, **shared: Any
     Examples: marlhf ppo --termination ppl (MA-PPO); marlhf ppo --termination fixed --n 1 (vanilla PPO);
     marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl;
     marlhf ppo --advantage grpo --dataset prompts.jsonl --reward py:my_rewards.py:accuracy
+    marlhf ppo --advantage mc --termination fixed --n 8 (Monte-Carlo segment advantages, no critic)
     """
     dry_run = shared.pop("dry_run") and not compare  # --compare draws finished runs: nothing to print
     config = options.resolve_config("ppo", dry_run=dry_run, **shared)
+    if x_axis is not None:
+        one_of(*X_AXES).check("--x-axis", x_axis)
     if compare or names:
         from .train.ppo import report
 
-        report.compare_command(config.run_dir, names or [], compare)
+        report.compare_command(config.run_dir, names or [], compare, x_axis)
         return
     from .train import ppo as stage
 
-    given = [flag_name(field) for field in flags.CRITIC_FIELDS if shared[field] is not None]
+    if x_axis is not None:
+        raise UserError("--x-axis goes with --compare (the axis of its eval curves)")
+    given = [flag_name(field) for field in flags.ESTIMATOR_FIELDS if shared[field] is not None]
     stage.settings.check_critic_free_flags(config, given)
     stage.run(config)
 

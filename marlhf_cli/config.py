@@ -26,10 +26,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from .accepts import flag_name, validate
+from .accepts import expected_words, flag_name, validate
 from .errors import UserError
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # also at the repository top (a link)
 PRESETS_DIR = TEMPLATES_DIR / "presets"
 
 
@@ -54,6 +54,15 @@ class DataConfig:
 
 
 @dataclass
+class TrainingDataConfig(DataConfig):
+    """Which records a training stage reads: also how the source is shared among them."""
+
+    # SFT/RM/PPO shares of the source, e.g. "20/40/40"; None: the paper's (APPS 20/0/80), and
+    # a file of demonstrations only (no reward model can use them) is not shared out
+    split_shares: str | None = None
+
+
+@dataclass
 class EngineConfig:
     """DeepSpeed engine options shared by the training stages."""
 
@@ -71,7 +80,23 @@ class EngineConfig:
 
 
 @dataclass
-class SFTConfig(CommonConfig, DataConfig, EngineConfig):
+class LoRAConfig:
+    """LoRA adapters through peft (marlhf_cli/lora.py); rank 0 trains every weight."""
+
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # ours: None = 2 x rank (a scale of 2, as TRL's and OpenRLHF's examples)
+    lora_targets: str = "all-linear"  # peft's all-linear: every linear layer of the blocks (not the LM/score head)
+
+
+@dataclass
+class LoRATrainingConfig(LoRAConfig):
+    """sft and rm also take LoRA dropout (PPO runs without any dropout: its first ratio must be 1)."""
+
+    lora_dropout: float = 0.0
+
+
+@dataclass
+class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfig):
     model: str = "google/gemma-2b"
     lr: float = 2e-5  # ours: a common full-fine-tuning rate for 2B models
     batch_size: int = 64
@@ -87,7 +112,7 @@ class SFTConfig(CommonConfig, DataConfig, EngineConfig):
 
 
 @dataclass
-class RMConfig(CommonConfig, DataConfig, EngineConfig):
+class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfig):
     model: str | None = None  # default: the SFT model in the run directory
     lr: float = 1e-5  # ours: reward models overfit quickly at higher rates
     batch_size: int = 64
@@ -103,16 +128,19 @@ class RMConfig(CommonConfig, DataConfig, EngineConfig):
 
 
 @dataclass
-class PPOConfig(CommonConfig, DataConfig, EngineConfig):
+class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
     # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (the user's
     # function, TRL's reward_funcs convention); None: apps for --dataset apps, else model
     reward: str | None = None
-    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines
+    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines;
+    # mc: critic-free, macro actions valued by sampled continuations
     advantage: str = "gae"
-    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo
+    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo/mc
+    mc_rollouts: int = 2  # mc: continuations per boundary (M)
+    mc_max_boundaries: int | None = None  # mc: boundaries per response at most (B); None: every one the rule makes
     # Algorithm 1 / Table 5
     rollout_batch_size: int = 256
     mini_batch_size: int = 32
@@ -254,8 +282,12 @@ STAGES: dict[str, type] = {
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _coerce(name: str, value: Any, annotation: str) -> Any:
-    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats)."""
+KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "text"}
+
+
+def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
+    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats);
+    a value of another type is an error in the words of what the option accepts."""
     if value is None:
         return None
     kind = next((k for k in _SCALARS if re.search(rf"\b{k}\b", annotation)), None)
@@ -273,7 +305,11 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             raise TypeError
         return _SCALARS[kind](value)
     except (TypeError, ValueError):
-        raise UserError(f"{flag_name(name)} (config key '{name}'): expected {annotation}, got {value!r}") from None
+        accepts = expected_words(stage, name)
+        what = KIND_WORDS[kind]
+        if accepts:  # 'a whole number >= 1, or inf' says the kind itself; '1 or more' does not
+            what = accepts if accepts.startswith(("a ", "one of", "comma-separated", "three")) else f"{what}, {accepts}"
+        raise UserError(f"{flag_name(name)} (config key '{name}') must be {what}, got {value!r}") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -350,8 +386,8 @@ def resolve(
     annotations = {f.name: str(f.type) for f in fields(cls)}
     unknown = set(merged) - set(annotations)
     if unknown:
-        raise UserError(f"unknown option(s) for '{stage}': {', '.join(sorted(unknown))}")
-    kwargs = {key: _coerce(key, value, annotations[key]) for key, value in merged.items()}
+        raise UserError(f"unknown option{'s' if len(unknown) > 1 else ''} for '{stage}': {', '.join(sorted(unknown))}")
+    kwargs = {key: _coerce(key, value, annotations[key], stage) for key, value in merged.items()}
     config = cls(**kwargs)
     validate(stage, config)
     return config
@@ -370,7 +406,10 @@ def to_yaml(config: Any) -> str:
 __all__ = [
     "CommonConfig",
     "DataConfig",
+    "TrainingDataConfig",
     "EngineConfig",
+    "LoRAConfig",
+    "LoRATrainingConfig",
     "SFTConfig",
     "RMConfig",
     "PPOConfig",

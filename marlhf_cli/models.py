@@ -144,8 +144,13 @@ def from_hub_or_path(load, name: str, what: str, **kwargs):
     unreachable = None
     if not Path(name).exists() and not offline_mode():
         unreachable = probe_endpoint()
+    offline: dict = {}
+    if unreachable:
+        offline["local_files_only"] = True
+        if what != "tokenizer":  # with peft installed, transformers first looks for an adapter
+            offline["adapter_kwargs"] = {"local_files_only": True}  # and does not pass the above on
     try:
-        return load(name, **kwargs, **({"local_files_only": True} if unreachable else {}))
+        return load(name, **kwargs, **offline)
     except (OSError, ValueError) as err:
         if unreachable:
             raise UserError(

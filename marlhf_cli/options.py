@@ -134,7 +134,10 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 print(details, file=sys.stderr)
             fail(str(err), debug)
         except KeyboardInterrupt:
-            console.print("interrupted", style="yellow")
+            from .artifacts import mark_interrupted
+
+            stages = mark_interrupted()
+            console.print("interrupted" + (f" ({', '.join(stages)} marked so in run.json)" if stages else ""), style="yellow")
             raise typer.Exit(code=130) from None
 
     return wrapper
@@ -164,6 +167,10 @@ def resolve_config(
 
             typer.echo(preview(resolved, stage), nl=False)
         raise typer.Exit(code=0)
+    if stage != "segment":  # every other command writes into the run directory
+        from .artifacts import check_run_dir
+
+        check_run_dir(resolved.run_dir)
     return resolved
 
 

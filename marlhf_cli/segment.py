@@ -74,6 +74,8 @@ def read_responses(source: str) -> list[str]:
         name = "<stdin>"
     else:
         path = Path(source)
+        if path.is_dir():
+            raise bad_input("is a folder: give a text or JSONL file, or - to read stdin", path)
         if not path.is_file():
             raise bad_input("file not found", path)
         raw = path.read_bytes()
@@ -282,6 +284,28 @@ def run(config, source: str) -> None:
                 print(json.dumps(segmented.as_json(), ensure_ascii=False))
     else:
         print_segments(results, show_rule=len(rules) > 1)
+        for note in fallback_notes(results, config.n):
+            print(f"note: {note}", file=sys.stderr)
+
+
+def fallback_notes(results: list[list[Segmented]], n: float) -> list[str]:
+    """Per rule, which responses fell back to ``fixed`` (text mode shows only the segments;
+    JSON has a 'fallback' field and --stats a column)."""
+    notes = []
+    rules = [segmented.rule for segmented in results[0]] if results else []
+    for position, rule in enumerate(rules):
+        failed = [index + 1 for index, per_rule in enumerate(results) if per_rule[position].fell_back]
+        if not failed:
+            continue
+        if len(results) == 1:
+            notes.append(f"{rule}: the response could not be parsed, so fixed (n={n:g}) cut it")
+            continue
+        shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+        notes.append(
+            f"{rule}: {len(failed)} of {len(results)} responses could not be parsed, so fixed (n={n:g}) cut "
+            f"{'them' if len(failed) > 1 else 'it'} (response{'s' if len(failed) > 1 else ''} {shown})"
+        )
+    return notes
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,7 +345,8 @@ def print_segments(results: list[list[Segmented]], show_rule: bool) -> None:
 
 
 def print_stats(summaries: list[dict], as_json: bool) -> None:
-    """One row per rule, then the length histogram with one column per rule."""
+    """The statistics, then the length histogram, each with one column per rule: the five
+    rules fit 80 columns side by side, eight statistics would not."""
     if as_json:
         for summary in summaries:
             print(json.dumps(summary))
@@ -331,21 +356,24 @@ def print_stats(summaries: list[dict], as_json: bool) -> None:
 
     console = Console(highlight=False)
     table = Table(title="segment lengths (LM tokens) per rule")
-    for column in ("rule", "responses", "segments", "mean", "median", "max", "fallbacks", "tokens/s"):
-        table.add_column(column, justify="left" if column == "rule" else "right")
+    table.add_column("", justify="right")
     for s in summaries:
-        speed = f"{s['tokens_per_second']:,.0f}" if s["tokens_per_second"] else "-"
-        table.add_row(
-            s["rule"], str(s["responses"]), str(s["segments"]), f"{s['mean']:.2f}",
-            f"{s['median']:g}", str(s["max"]), str(s["fallbacks"]), speed,
-        )
+        table.add_column(s["rule"], justify="right")
+    rows = {
+        "responses": lambda s: f"{s['responses']:,}", "segments": lambda s: f"{s['segments']:,}",
+        "mean": lambda s: f"{s['mean']:.2f}", "median": lambda s: f"{s['median']:g}", "max": lambda s: f"{s['max']:,}",
+        "fallbacks": lambda s: f"{s['fallbacks']:,}",
+        "tokens/s": lambda s: f"{s['tokens_per_second']:,.0f}" if s["tokens_per_second"] else "-",
+    }  # fmt: skip
+    for label, cell in rows.items():
+        table.add_row(label, *(cell(s) for s in summaries))
     console.print(table)
     histogram = Table(title="segments per length")
     histogram.add_column("length", justify="right")
     for s in summaries:
         histogram.add_column(s["rule"], justify="right")
     for label in summaries[0]["histogram"] if summaries else []:
-        histogram.add_row(label, *(str(s["histogram"][label]) for s in summaries))
+        histogram.add_row(label, *(f"{s['histogram'][label]:,}" for s in summaries))
     # the bound of the parsing rule, shown for every rule (whitespace-only tokens at a
     # segment's ends aside, as the rule's C is defined)
     histogram.add_section()

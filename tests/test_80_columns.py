@@ -66,21 +66,6 @@ def test_judge_table_at_80_columns(capsys, monkeypatch):
         assert value in out
 
 
-def test_progress_bar_at_80_columns(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
-    from marlhf_cli.artifacts import RunDir
-    from marlhf_cli.train.monitor import Monitor
-
-    monitor = Monitor(RunDir(tmp_path), "ppo-fixed5", total_steps=100, start_step=0, enabled=True)
-    monitor.advance(37, {"score": -0.123456, "kl": 0.0123456, "seg": 4.8734, "s/step": 12.345})
-    monitor.close()
-    err = capsys.readouterr().err
-    _no_cuts(err)
-    assert re.search(r"37/100 \d:\d\d:\d\d < [-\d]:[-\d]{2}:[-\d]{2}", err), err  # no estimate yet: -:--:--
-    flat = " ".join(err.split())  # the metrics may wrap onto a second line
-    assert all(part in flat for part in ("score -0.1235", "kl 0.01235", "seg 4.873", "s/step 12.35")), err
-
-
 def test_metrics_keep_small_learning_rates(tmp_path):
     from marlhf_cli.artifacts import RunDir, read_jsonl
     from marlhf_cli.train.monitor import Monitor
@@ -90,3 +75,95 @@ def test_metrics_keep_small_learning_rates(tmp_path):
     monitor.log(1, {"lr": 3.21e-8, "loss": 1.234567891})
     row = read_jsonl(monitor.path)[0]
     assert row["lr"] == 3.21e-8 and row["loss"] == 1.234568
+
+
+def _stats_summaries() -> list[dict]:
+    """What 'segment --rule all --stats' tabulates, with this machine's speeds (millions of tokens/s)."""
+    rows = []
+    for rule, speed, fallbacks in (("fixed", 3183123.0, 0), ("randomized", 436808.0, 0), ("ppl", 2925712.0, 0),
+                                   ("parsing", 3929.0, 0), ("code", 1978745.0, 1231)):  # fmt: skip
+        rows.append({
+            "rule": rule, "responses": 12345, "segments": 1231123, "tokens": 6155615, "mean": 4.9, "median": 5,
+            "max": 156, "max_without_whitespace": 150, "cutoff": 10 if rule == "code" else 5, "over_cutoff": 0.308,
+            "fallbacks": fallbacks, "tokens_per_second": speed,
+            "histogram": {"1": 5, "2": 55, "3": 124, "4-5": 480123, "6-10": 58, "11-20": 2, ">=21": 14},
+        })  # fmt: skip
+    return rows
+
+
+def test_segment_stats_tables_at_80_columns(capsys, monkeypatch):
+    """The issue's 'respons…' and '1,231,1…': every header and figure whole."""
+    monkeypatch.setenv("COLUMNS", "80")
+    from marlhf_cli.segment import print_stats
+
+    print_stats(_stats_summaries(), as_json=False)
+    out = capsys.readouterr().out
+    _no_cuts(out)
+    for word in ("responses", "segments", "fallbacks", "tokens/s", "randomized", "parsing", "largest*", "> C*"):
+        assert word in out, word
+    for figure in ("12,345", "1,231,123", "3,183,123", "436,808", "1,231", "480,123", "30.8%", "4.90"):
+        assert figure in out, figure
+
+
+def test_bon_table_at_80_columns(capsys, monkeypatch):
+    """The README's example (--n 4,8,16,32 --temperature 0.2,0.6,1.0): every figure whole on one line."""
+    monkeypatch.setenv("COLUMNS", "80")
+    from rich.console import Console
+
+    from marlhf_cli.evaluate import tables
+
+    monkeypatch.setattr(tables, "console", Console())  # reads COLUMNS now
+    temps, ns = (0.2, 0.6, 1.0), (4, 8, 16, 32)
+    curves = {t: {n: {"mean": -1.2345 - t + n / 100, "sem": 0.0123 * n} for n in ns} for t in temps}
+    tables.bon_table("ppo-ppl", curves, {t: -1.5 - t for t in temps}, samples=32, prompts=64)
+    out = capsys.readouterr().out
+    _no_cuts(out)
+    for t in temps:
+        for n in ns:
+            figure = curves[t][n]
+            assert f"{figure['mean']:.4f}" in out and f"{figure['sem']:.4f}" in out, (t, n)
+        assert f"{-1.5 - t:.4f}" in out
+    for header in ("temperature", "N=1", "N=4", "N=32"):
+        assert header in out, header
+
+
+def test_bon_table_with_many_n_still_fits(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    from rich.console import Console
+
+    from marlhf_cli.evaluate import tables
+
+    monkeypatch.setattr(tables, "console", Console())
+    temps, ns = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2), (1, 2, 4, 8, 16, 32, 64, 128)
+    curves = {t: {n: {"mean": -10.2345 + n / 10, "sem": 0.0123} for n in ns} for t in temps}
+    tables.bon_table("sft", curves, {t: -1.5 for t in temps}, samples=128, prompts=64)
+    out = capsys.readouterr().out
+    _no_cuts(out)
+    assert all(f"{curves[t][n]['mean']:.4f}" in out for t in temps for n in ns)
+
+
+def _progress_lines(tmp_path, columns: str, monkeypatch, capsys) -> list[str]:
+    monkeypatch.setenv("COLUMNS", columns)
+    from marlhf_cli.artifacts import RunDir
+    from marlhf_cli.train.monitor import Monitor
+
+    # the terminal's bar (pytest's stderr is no terminal: rich draws it once, when it stops)
+    monitor = Monitor(RunDir(tmp_path), "ppo-fixed5", total_steps=100, start_step=0, enabled=True, live=True)
+    monitor.advance(37, {"score": -0.123456, "kl": 0.0123456, "seg": 4.8734, "s/step": 12.345})
+    monitor.close()
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_progress_bar_is_one_line_at_80_columns(tmp_path, capsys, monkeypatch):
+    """The metrics that fit, whole, on the bar's one line; the rest are in metrics/*.jsonl."""
+    (line,) = _progress_lines(tmp_path, "80", monkeypatch, capsys)
+    _no_cuts(line)
+    assert line.startswith("ppo-fixed5") and re.search(r"37/100 \d:\d\d:\d\d < [-\d]:[-\d]{2}:[-\d]{2}", line), line
+    assert "score -0.1235" in line  # the first metric always fits
+    shown = [name for name in ("score", "kl", "seg", "s/step") if f" {name} " in f"{line} "]
+    assert shown == ["score", "kl", "seg", "s/step"][: len(shown)]  # a prefix: dropped from the end
+
+
+def test_progress_bar_shows_every_metric_when_wide(tmp_path, capsys, monkeypatch):
+    (line,) = _progress_lines(tmp_path, "160", monkeypatch, capsys)
+    assert all(part in line for part in ("score -0.1235", "kl 0.01235", "seg 4.873", "s/step 12.35")), line

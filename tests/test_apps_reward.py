@@ -477,8 +477,11 @@ def test_passk_command_writes_its_table(tmp_path, sandboxed, own_problems):
     data = own_problems
     args = ["passk", "--model", "tiny", "--data-file", str(data), "--n", "2", "--k", "1,2", "--limit", "3",
             "--max-new-tokens", "8", "--max-prompt-length", "48", "--batch-size", "6", "--run-dir", str(tmp_path)]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
+    # the table on stdout, like every other command's (`> out.txt` kept nothing); notes on stderr
+    assert "pass@k: tiny" in result.stdout and "pass@2 (%)" in result.stdout and "all" in result.stdout
+    assert "pass@k: tiny" not in result.stderr and "wrote" in result.stderr
     payload = json.loads((tmp_path / "passk" / "tiny.json").read_text())
     assert payload["n"] == 2 and payload["k"] == [1, 2] and payload["problems"] == 3
     assert [row["difficulty"] for row in payload["table"]][-1] == "all"
@@ -486,6 +489,10 @@ def test_passk_command_writes_its_table(tmp_path, sandboxed, own_problems):
     samples = [json.loads(line) for line in (tmp_path / "passk" / "tiny-samples.jsonl").read_text().splitlines()]
     assert len(samples) == 6 and {"program", "status", "reward"} <= set(samples[0])
     assert json.loads((tmp_path / "run.json").read_text())["stages"]["passk/tiny"]["status"] == "finished"
+
+    one = CliRunner().invoke(app, [*args[:5], "--n", "1", "--k", "1", "--limit", "1", *args[11:], "--name", "one"])
+    assert one.exit_code == 0, one.output
+    assert re.search(r"1 of the \d+ problems x 1 sample from", one.stderr), one.stderr  # not '1 problems x 1 samples'
 
     bad = CliRunner().invoke(app, ["passk", "--model", "tiny", "--data-file", str(data), "--n", "2", "--k", "1,5"])
     assert bad.exit_code == 2 and "too few samples" in bad.output

@@ -359,10 +359,11 @@ def test_sft_rm_ppo_on_a_conversational_file(tmp_path):
     from marlhf_cli.models import load_tokenizer
 
     names = ["Ana", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jo", "Kim", "Lea"]
+    names += [f"{a}{b}" for a in ("Al", "Bo", "Cy") for b in ("ma", "ro", "ti", "vu")]  # enough distinct eval prompts
     rows = [
         {"prompt": [{"role": "user", "content": f"Greet {n}, please."}], "chosen": [{"role": "assistant", "content": f"Hello {n}!"}],
          "rejected": [{"role": "assistant", "content": f"Go away {n}."}]}
-        for n in names * 5
+        for n in names * 3
     ]  # fmt: skip
     data = str(write_jsonl(tmp_path / "chat.jsonl", rows))
     run = str(tmp_path / "run")
@@ -386,7 +387,8 @@ def test_sft_rm_ppo_on_a_conversational_file(tmp_path):
         assert shown["response"].startswith("Hello ") and "<|im_" not in shown["response"]
     samples = read_jsonl(Path(run) / "samples" / "fixed5.jsonl")
     tokenizer = load_tokenizer("tiny")
-    assert len(samples) == 4
+    distinct = {r["prompt"] for r in load_records(data, split="eval").records}  # ppo evaluates each once
+    assert len(samples) == min(4, len(distinct)) >= 2
     for sample in samples:
         assert sample["eos"] and sample["response"].startswith("Hello")  # it stopped, on its own
         # the response's tokens and then <|im_end|>: the last token counted is the end of turn

@@ -281,6 +281,8 @@ def test_names_options_and_errors(tmp_path):
         ppo.check_options(_config(tmp_path, advantage="rloo", mini_batch_size=3))
     with pytest.raises(UserError, match="--termination, --value-function do not apply"):
         ppo.settings.check_critic_free_flags(_config(tmp_path, advantage="rloo"), ["--termination", "--value-function"])
+    with pytest.raises(UserError, match="--termination does not apply"):  # one flag: 'does'
+        ppo.settings.check_critic_free_flags(_config(tmp_path, advantage="rloo"), ["--termination"])
     ppo.settings.check_critic_free_flags(_config(tmp_path), ["--termination"])  # gae: fine
 
 
@@ -293,7 +295,7 @@ def test_critic_flags_on_the_command_line_are_a_one_line_error(tmp_path):
     result = CliRunner().invoke(app, ["ppo", "--advantage", "grpo", "--termination", "ppl", "--run-dir", str(tmp_path)])
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--termination do not apply" in lines[0], result.output
+    assert len(lines) == 1 and "--termination does not apply" in lines[0], result.output
 
 
 # ---------------------------------------------------------------------------------------
@@ -371,7 +373,7 @@ def test_rloo_on_two_processes(tmp_path):
         env=environment(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stderr
+    assert "2 processes" in result.stderr
     train = [r for r in read_jsonl(tmp_path / "metrics" / "ppo-rloo-k2.jsonl") if r["split"] == "train"]
     assert [r["responses"] for r in train] == [4.0, 4.0]
     assert not (tmp_path / "ppo" / "rloo-k2" / "critic").exists()

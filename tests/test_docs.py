@@ -88,3 +88,27 @@ def test_help_texts_cite_the_method_document():
 
     out = CliRunner().invoke(app, ["ppo", "--help"], env={"COLUMNS": "200"}).output
     assert "docs/method.md, 'Program rewards'" in " ".join(out.split())
+
+
+def _readme_commands() -> list[str]:
+    return re.findall(r"```bash\n(.*?)\n```", README.read_text(encoding="utf-8"), re.S)[:2]
+
+
+def test_the_readme_opens_with_what_ci_runs():
+    """The two commands at the top are CI's (.ci/run): the install steps in the same order, then the tests."""
+    install, tests = _readme_commands()
+    assert tests == ".venv/bin/python -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    steps = [line.split(".venv/bin/", 1)[1].replace(" -q", "") for line in ci.splitlines() if ".venv/bin/pip install" in line and "--upgrade pip" not in line]
+    position = 0
+    for step in steps:  # 'pip install torch==2.13.0', 'pip install -e ".[all]"', 'pip install --no-deps ...'
+        found = install.find(step, position)
+        assert found >= 0, f"README's first command lacks CI's step {step!r} (in order)"
+        position = found + len(step)
+    assert "marlhf sft --preset cpu-tiny && marlhf rm --preset cpu-tiny && marlhf ppo --preset cpu-tiny" in install
+
+
+def test_the_readme_says_how_to_get_torchs_cpu_build_elsewhere():
+    """`pip install torch==2.13.0` is a local CPU wheel here and the multi-GB CUDA build elsewhere."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text

@@ -31,7 +31,10 @@ def test_a_finished_stage_keeps_only_the_trainer_state_of_its_checkpoints(tmp_pa
 
     again = CliRunner().invoke(app, [*args, "--resume"])
     assert again.exit_code == 2
-    assert "finished" in again.output and "without --resume" in again.output
-    assert len(again.output.strip().splitlines()) == 1
+    *before, message = again.output.strip().splitlines()  # the start-up line on the data, then the error
+    assert message.startswith("error: --resume") and "without --resume" in message
+    assert not any(line.startswith("error") for line in before)
+    # the run finished its 3 steps; its last checkpoint (step 2) is no description of it
+    assert "finished all its 3 steps" in message and "step 2" not in message
     changed = CliRunner().invoke(app, [*args, "--batch-size", "4", "--resume"])
     assert changed.exit_code == 2 and "--batch-size was 2, now 4" in " ".join(changed.output.split())  # options are still compared

@@ -270,7 +270,7 @@ def test_failures_are_summarised_and_a_rerun_asks_only_for_them(tmp_path, files)
     with JudgeServer(responder) as server:
         result = invoke(server, run, *files, "--max-retries", "2")
     assert result.exit_code == 1
-    assert "1 judgement(s) got no reply" in result.output and "InternalServerError 503" in result.output
+    assert "1 judgement got no reply" in result.output and "InternalServerError 503" in result.output
     data = result_file(run)
     assert data["stats"]["failed"] == 1 and data["stats"]["win"] == PAIRS - 1
     assert Counter(r["status"] for r in server.log)[503] == 3  # first try + 2 retries
@@ -290,6 +290,56 @@ def test_a_refused_key_stops_with_one_line_and_never_leaks(tmp_path, files):
     assert "refused" in result.output and "AuthenticationError 401" in result.output
     assert len(server.log) <= 4  # the others stop instead of trying too
     assert_key_nowhere(tmp_path, result.output)
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on: connecting to it is refused."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_refused_connection_fails_at_once_in_one_line(tmp_path, files, monkeypatch):
+    """A wrong --base-url retried 'connection refused' for 76 s, then wrote judge/a-vs-b.json
+    and an empty bar into plots/judge.png."""
+    from marlhf_cli.evaluate import client
+
+    def no_retry(self, state):
+        raise AssertionError("a refused connection was retried")
+
+    monkeypatch.setattr(client._Backoff, "__call__", no_retry)
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    run = tmp_path / "run"
+    argv = ["judge", *map(str, files), "--model", "judge-test", "--base-url", url, "--run-dir", str(run), "--max-retries", "6"]
+    result = CliRunner().invoke(app, argv, env={"OPENAI_API_KEY": KEY, "COLUMNS": "80"})
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: cannot connect to the judge at {url}") and "--base-url" in line, line
+    assert not list(run.glob("judge/*.json")) and not (run / "plots").exists()
+    assert "judge/a-vs-b" not in json.loads((run / "run.json").read_text()).get("stages", {}) if (run / "run.json").exists() else True
+
+
+def test_a_comparison_with_no_judged_pair_records_nothing(tmp_path, files):
+    from marlhf_cli.artifacts import RunDir
+    from marlhf_cli.evaluate.judge import _bars
+
+    a, b = files
+    c = tmp_path / "c.jsonl"
+    c.write_text(b.read_text().replace(PLAIN, "OTHER"))
+    run = tmp_path / "run"
+    with JudgeServer(prefer_marker()) as healthy:
+        assert invoke(healthy, run, a, b).exit_code == 0
+    with JudgeServer(lambda req: Reply(status=503, message="overloaded")) as failing:
+        result = invoke(failing, run, a, c, "--max-retries", "1")
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert f"no pair of a-vs-c was judged: {PAIRS} judgements got no reply ({PAIRS} x InternalServerError 503" in said
+    assert "nothing written" in said
+    assert not (run / "judge" / "a-vs-c.json").exists() and not (run / "plots" / "judge-a-vs-c.png").exists()
+    assert [bar["label"] for bar in _bars(RunDir(run))] == ["a-vs-b (judge-test)"]  # plots/judge.png's bars
+    assert set(json.loads((run / "run.json").read_text())["stages"]) == {"judge/a-vs-b"}
 
 
 def test_sample_and_cache_reuse(tmp_path, files):

@@ -39,15 +39,18 @@ BAD_TEXT = {
     "--kl-estimator": "k2",
     "--reward": "nonsense",
     "--advantage": "ppo",
+    "--x-axis": "time",
     "--dtype": "fp16",
     "--lr-scheduler": "step",
     "--task": "nonsense",
     "--split": "nonsense",
+    "--split-shares": "20/40",
     "--dataset": "nonsense",
     "--n": "0",  # segment and ppo: a segment length; bon: a list of N
     "--k": "0,1",
     "--temperature": "0",  # bon: a list of temperatures
     "--chat-template": "no-such-template.jinja",  # auto, none or a file
+    "--lora-targets": ",",
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [
@@ -122,6 +125,25 @@ def test_every_command_has_value_options_checked():
     assert all(counts.values()), counts
     # the issue's examples, which printed a traceback after 9 s of loading
     assert {("segment", "--n"), ("segment", "--cutoff"), ("segment", "--backend")} <= {(c, f) for c, f, _ in CASES}
+
+
+@pytest.mark.parametrize("command, flag, value, expected", [
+    ("ppo", "--n", "abc", "--n (config key 'n') must be a whole number >= 1, or inf, got 'abc'"),
+    ("segment", "--n", "many", "--n (config key 'n') must be a whole number >= 1, or inf, got 'many'"),
+])  # fmt: skip
+def test_a_value_of_the_wrong_type_says_what_the_option_accepts(stages_unreachable, tmp_path, command, flag, value, expected):
+    """'--n abc' said 'expected float': the words of accepts.ACCEPTS say what --n takes."""
+    args = [command, *POSITIONAL.get(command, []), flag, value]
+    result = CliRunner().invoke(app, args + ([] if command == "segment" else ["--run-dir", str(tmp_path)]), env={"COLUMNS": "80"})
+    _assert_one_line_exit_2(result, flag)
+    assert expected in result.output and "expected float" not in result.output, result.output
+
+
+def test_a_config_file_value_of_the_wrong_type_names_its_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("ppo:\n  max_steps: many\n")
+    with pytest.raises(config.UserError, match=r"--max-steps \(config key 'max_steps'\) must be a whole number, 1 or more, got 'many'"):
+        config.resolve("ppo", config_file=path)
 
 
 def test_bad_value_imports_no_torch():

@@ -46,7 +46,8 @@ def target_reward():
     return TokenFractionReward(targets, eos_token_id=load_tokenizer("tiny").eos_token_id, name="target-tokens")
 
 
-# every estimator sees 16 responses per step: 16 prompts x 1 (gae), 4 prompts x 4 (rloo, grpo)
+# every estimator sees 16 responses per step: 16 prompts x 1 (gae), 4 prompts x 4 (rloo, grpo,
+# mc; mc also samples 2 continuations of at most 4 tokens from the middle of each response)
 CASES = [
     pytest.param(dict(termination="fixed", n=1, rollout_batch_size=16), "vanilla", id="vanilla"),
     pytest.param(dict(termination="fixed", n=5, rollout_batch_size=16), "fixed5", id="fixed5"),
@@ -54,6 +55,7 @@ CASES = [
     pytest.param(dict(advantage="grpo", rollout_batch_size=4), "grpo", id="grpo"),
     # bf16 compute with fp32 master weights (--dtype bf16, what auto picks on fast-bf16 hardware)
     pytest.param(dict(termination="fixed", n=5, rollout_batch_size=16, dtype="bf16"), "fixed5", id="fixed5-bf16"),
+    pytest.param(dict(advantage="mc", termination="fixed", n=4, rollout_batch_size=4), "mc-fixed4", id="mc"),
 ]
 
 
@@ -66,6 +68,7 @@ def test_reward_rises_well_above_its_start(tmp_path, prompts_file, setup, name):
         **setup, mini_batch_size=16, max_new_tokens=8,
         max_prompt_length=16, temperature=1.0, top_k=0, kl_coef=0.0, actor_lr=2e-2, critic_lr=2e-2,
         max_steps=STEPS, eval_every=0, eval_prompts=16, save_every=0, seed=0,
+        split_shares="20/40/40",  # the PPO third of the file, as this test was tuned on
     ))  # fmt: skip
     ppo.run(config, reward_fn=target_reward())
     rows = [r for r in read_jsonl(tmp_path / "metrics" / f"ppo-{name}.jsonl") if r["split"] == "train"]

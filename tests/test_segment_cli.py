@@ -157,3 +157,21 @@ def test_empty_input_says_so(tmp_path, content):
     path.write_text(content)
     from_file = invoke(str(path))
     assert from_file.exit_code == 2 and from_file.output.strip() == f"error: {path}: empty input: no text to segment"
+
+
+def test_text_output_reports_a_fallback_to_fixed(texts):
+    """Text mode hid it (only --format json said 'fallback'); the segments on stdout are unchanged."""
+    one = invoke(str(texts["plain"]), "--rule", "code")
+    assert one.exit_code == 0, one.output
+    assert one.stderr.strip() == "note: code: the response could not be parsed, so fixed (n=5) cut it"
+    assert "note" not in one.stdout and one.stdout.count("@@") >= 1
+    several = invoke(str(texts["jsonl"]), "--rule", "code")
+    assert several.stderr.strip() == "note: code: 1 of 2 responses could not be parsed, so fixed (n=5) cut it (response 1)"
+    clean = invoke(str(texts["code"]), "--rule", "code")
+    assert clean.exit_code == 0 and clean.stderr == ""
+
+
+def test_a_directory_is_not_a_missing_file(tmp_path):
+    result = invoke(str(tmp_path))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert result.output.strip() == f"error: {tmp_path}: is a folder: give a text or JSONL file, or - to read stdin"

@@ -17,12 +17,18 @@ Where the rows come from
 Splits
   SFT 20% / RM 40% / PPO 40% (APPS: SFT 20% / PPO 80%, no RM), deterministic by ``seed``,
   grouped so related rows stay together (TL;DR: the post; HH, WebGPT, TRL files: the
-  prompt; APPS: the question). ``eval`` is the hub's own validation/test split where it has
-  one (TL;DR ``validation``, HH ``test``, APPS ``test``); otherwise (WebGPT, local files,
-  embedded samples) 10% of the groups are held out first and SFT/RM/PPO share the other
-  90% in the paper's proportions. ``split=None`` returns every record in source order.
-  ``limit`` keeps the first N records of the chosen split (a random sample of it, since a
-  split is in shuffled group order), so a small limit never moves rows between splits.
+  prompt; APPS: the question). A source of demonstrations only (TRL ``messages`` or
+  ``prompt``/``completion`` files, TL;DR's reference summaries) can feed no reward model,
+  so by default it is not shared out: ``sft`` trains on all of it and ``ppo`` samples
+  prompts from all of it; so is a file of TRL's text rows (sft's alone) or prompt-only
+  rows (ppo's alone). ``shares`` (``--split-shares``, see
+  :func:`.splits.parse_split_shares`) replaces these proportions. ``eval`` is the hub's own
+  validation/test split where it has one (TL;DR ``validation``, HH ``test``, APPS
+  ``test``); otherwise (WebGPT, local files, embedded samples) 10% of the groups are held
+  out first, the same groups whatever the shares, and SFT/RM/PPO share the other 90%.
+  ``split=None`` returns every record in source order. ``limit`` keeps the first N records
+  of the chosen split (a random sample of it, since a split is in shuffled group order), so
+  a small limit never moves rows between splits.
 
 Bad input
   File-level problems always raise a one-line :class:`~marlhf_cli.errors.UserError` (exit
@@ -37,17 +43,18 @@ Bad input
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import UserError, bad_input
+from ..wording import count
 from .hub import HubUnreachable, load_hub_rows
 from .local import is_data_file, read_rows
 from .records import KIND_NAMES, NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
 from .registry import ADAPTERS, DATASETS, Adapter, detect_format
 from .report import SkipReport
-from .splits import SPLITS, split_by_groups, with_eval
+from .splits import DEMONSTRATION_FRACTIONS, SPLITS, split_by_groups, with_eval
 
 log = logging.getLogger("marlhf_cli.data")
 
@@ -61,7 +68,10 @@ class LoadResult:
     ``report`` describes the whole source that was read (all splits), ``source`` is
     ``"hub:<repo>"``, ``"embedded:<name>"`` or the file path, ``notice`` a one-line message
     for the user when something noteworthy happened (the hub fallback), else ``None``.
-    ``dataset`` and ``variant`` name the adapter and row shape used.
+    ``dataset`` and ``variant`` name the adapter and row shape used. ``total`` counts the
+    records the split was cut from (a hub's own eval split is a source of its own),
+    ``available`` the split's records before ``limit``, ``fractions`` each split's share
+    of ``total`` (empty when nothing was split).
     """
 
     records: list[dict]
@@ -71,6 +81,9 @@ class LoadResult:
     dataset: str
     variant: str
     split: str | None
+    total: int = 0
+    available: int = 0
+    fractions: dict[str, float] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -96,8 +109,12 @@ def load_records(
     seed: int = 0,
     strict: bool = False,
     limit: int | None = None,
+    shares: dict[str, float] | None = None,
 ) -> LoadResult:
-    """Load, validate and split a dataset (see the module doc for sources, splits, bad input)."""
+    """Load, validate and split a dataset (see the module doc for sources, splits, bad input).
+
+    ``shares``: SFT/RM/PPO proportions (:func:`.splits.parse_split_shares`); None for the
+    defaults (the paper's, or all to SFT for demonstrations)."""
     if split is not None and split not in SPLITS:
         raise UserError(f"unknown split '{split}': expected one of {', '.join(SPLITS)}")
     if limit is not None and limit < 0:
@@ -105,11 +122,12 @@ def load_records(
     check_source(dataset, data_file)
     name = str(dataset).strip()
     if data_file is not None:
-        result = _from_file(Path(data_file), ADAPTERS.get(name.lower()), split, seed, strict)
+        result = _from_file(Path(data_file), ADAPTERS.get(name.lower()), split, seed, strict, shares)
     elif name.lower() in DATASETS:
-        result = _from_hub(DATASETS[name.lower()], split, seed, strict)
+        result = _from_hub(DATASETS[name.lower()], split, seed, strict, shares)
     else:
-        result = _from_file(Path(name), None, split, seed, strict)
+        result = _from_file(Path(name), None, split, seed, strict, shares)
+    result.available = len(result.records)
     if limit is not None:
         result.records = result.records[:limit]
     return result
@@ -135,61 +153,97 @@ def _unknown(name: str) -> UserError:
     return UserError(f"--dataset: unknown dataset '{name}': expected one of {names}, or a .jsonl/.json/.parquet file")
 
 
-def _from_file(path: Path, adapter: Adapter | None, split: str | None, seed: int, strict: bool) -> LoadResult:
+def _from_file(
+    path: Path, adapter: Adapter | None, split: str | None, seed: int, strict: bool, shares: dict | None
+) -> LoadResult:
     report = SkipReport()
     parsed, adapter, variant = _parse_rows(read_rows(path), path, adapter, strict, report)
-    _check_split_exists(adapter, split)
-    records = _select(parsed, with_eval(adapter.fractions), split, seed)
-    return LoadResult(records, report, str(path), None, adapter.name, variant, split)
+    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, path))
+    records = _select(parsed, fractions, split, seed)
+    return LoadResult(records, report, str(path), None, adapter.name, variant, split, len(parsed), fractions=fractions)
 
 
-def _from_hub(adapter: Adapter, split: str | None, seed: int, strict: bool) -> LoadResult:
-    _check_split_exists(adapter, split)
+def _from_hub(adapter: Adapter, split: str | None, seed: int, strict: bool, shares: dict | None) -> LoadResult:
     hub = adapter.hub
+    fractions = _fractions(adapter, _kind([], adapter), split, shares, f"hub:{hub.repo}")
     report = SkipReport()
     try:
         if hub.eval_split is None:
             rows = _hub_rows(adapter, hub.train_split)
             parsed, _, variant = _parse_rows(rows, hub.source(hub.train_split), adapter, strict, report)
-            records = _select(parsed, with_eval(adapter.fractions), split, seed)
+            fractions = with_eval(fractions)
+            records, total = _select(parsed, fractions, split, seed), len(parsed)
         else:
-            records, variant = [], ""
+            records, variant, total = [], "", 0
             if split != "eval":
                 rows = _hub_rows(adapter, hub.train_split)
                 parsed, _, variant = _parse_rows(rows, hub.source(hub.train_split), adapter, strict, report)
-                records += _select(parsed, adapter.fractions, split, seed)
+                records += _select(parsed, fractions, split, seed)
+                total += len(parsed)
             if split in ("eval", None):
                 rows = _hub_rows(adapter, hub.eval_split)
                 parsed, _, variant = _parse_rows(rows, hub.source(hub.eval_split), adapter, strict, report)
                 records += [p.record for p in parsed]
+                total += len(parsed)
+            if split == "eval":
+                fractions = {"eval": 1.0}
     except HubUnreachable as err:
-        return _from_sample(adapter, split, seed, strict, reason=str(err))
-    return LoadResult(records, report, f"hub:{hub.repo}", None, adapter.name, variant, split)
+        return _from_sample(adapter, split, seed, strict, shares, reason=str(err))
+    return LoadResult(records, report, f"hub:{hub.repo}", None, adapter.name, variant, split, total, fractions=fractions)
 
 
 def _hub_rows(adapter: Adapter, hub_split: str) -> Iterable[tuple[int, Any]]:
     return enumerate(load_hub_rows(adapter.hub, hub_split), start=1)
 
 
-def _from_sample(adapter: Adapter, split: str | None, seed: int, strict: bool, reason: str) -> LoadResult:
+def _from_sample(adapter: Adapter, split: str | None, seed: int, strict: bool, shares: dict | None, reason: str) -> LoadResult:
     report = SkipReport()
     path = adapter.sample_path
     parsed, _, variant = _parse_rows(read_rows(path), path, adapter, strict, report)
-    records = _select(parsed, with_eval(adapter.fractions), split, seed)
+    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, path))
+    records = _select(parsed, fractions, split, seed)
     notice = (
         f"hub unreachable ({reason}): using the embedded {adapter.name} sample "
-        f"({len(parsed)} records) instead of {adapter.hub.repo}"
+        f"({count(len(parsed), 'record')}) instead of {adapter.hub.repo}"
     )
     log.info(notice)
-    return LoadResult(records, report, f"embedded:{adapter.name}", notice, adapter.name, variant, split)
+    source = f"embedded:{adapter.name}"
+    return LoadResult(records, report, source, notice, adapter.name, variant, split, len(parsed), fractions=fractions)
 
 
-def _check_split_exists(adapter: Adapter, split: str | None) -> None:
-    if split is not None and split != "eval" and split not in adapter.fractions:
-        have = ", ".join([*adapter.fractions, "eval"])
-        raise UserError(
-            f"{adapter.name} has no '{split}' split (it has {have}): the paper trains no reward model on it"
-        )
+# records no reward model can use: not shared out between the stages by default
+UNSHARED_KINDS = ("demonstration", "text", "prompt")
+
+
+def _kind(parsed: list[Parsed], adapter: Adapter) -> str:
+    """Which stages the source can feed (a file's rows all have its first row's shape)."""
+    if parsed:
+        return record_kind(parsed[0].record)
+    return "problem" if adapter.name == "apps" else "preference"
+
+
+def _fractions(adapter: Adapter, kind: str, split: str | None, shares: dict | None, source: object) -> dict[str, float]:
+    """The training splits' shares of the source (no eval yet), checked against ``split``:
+    ``shares`` without its zeros, or by default the adapter's; demonstrations feed no reward
+    model, so by default ``sft`` and ``ppo`` each take all of them (likewise text rows, which
+    only ``sft`` reads, and prompt-only rows, which only ``ppo`` reads)."""
+    if split == "rm" and kind in UNSHARED_KINDS:
+        raise UserError(f"{source} holds {KIND_NAMES[kind]}, which cannot train a reward model: rm needs {KIND_NAMES['preference']}")
+    if shares is None and kind in UNSHARED_KINDS:  # no reward-model share: sft and ppo each take all of it
+        fractions = {split: 1.0} if split in ("sft", "ppo") else DEMONSTRATION_FRACTIONS
+    elif shares is None:
+        fractions = adapter.fractions
+    elif shares.get("rm") and "rm" not in adapter.fractions:
+        raise UserError(f"--split-shares: {adapter.name} trains no reward model: give rm a share of 0 (e.g. 20/0/80)")
+    else:
+        fractions = {name: share for name, share in shares.items() if share > 0}
+    if split is None or split == "eval" or split in fractions:
+        return dict(fractions)
+    if shares is None:
+        have = ", ".join([*fractions, "eval"])
+        raise UserError(f"{adapter.name} has no '{split}' split (it has {have}): the paper trains no reward model on it")
+    shown = "/".join(f"{100 * shares[name]:g}" for name in ("sft", "rm", "ppo"))
+    raise UserError(f"{source}: --split-shares {shown} gives {split} no records")
 
 
 def _select(parsed: list[Parsed], fractions: dict, split: str | None, seed: int) -> list[dict]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 DEMONSTRATION_FIELDS = ("prompt", "chosen")
@@ -174,3 +174,10 @@ class Parsed:
 
     record: dict
     group: str
+
+
+def one_per_prompt(records: Iterable[dict]) -> list[dict]:
+    """The first record of each distinct prompt, in order: evaluations sample per prompt,
+    and a source may hold several records of one prompt (TL;DR: several pairs per post)."""
+    seen: set[str] = set()
+    return [r for r in records if not (r["prompt"] in seen or seen.add(r["prompt"]))]

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import where
+from ..wording import count
 
 EXAMPLES_PER_REASON = 3
 
@@ -53,7 +54,7 @@ class SkipReport:
 
     def summary(self) -> str:
         """One line for the CLI, e.g. 'kept 40 of 44 rows; skipped 3 (2 empty text, ...)'."""
-        parts = [f"kept {self.kept} of {self.rows} rows"]
+        parts = [f"kept {self.kept} of {count(self.rows, 'row')}"]
         if self.skipped:
             reasons = ", ".join(f"{n} {r}" for r, n in self.skipped.most_common())
             parts.append(f"skipped {self.total_skipped} bad ({reasons}; first: {self.first_example()})")

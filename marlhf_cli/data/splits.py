@@ -11,16 +11,30 @@ first N rows of a split is a random sample of it.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
 PAPER_FRACTIONS = {"sft": 0.2, "rm": 0.4, "ppo": 0.4}
 APPS_FRACTIONS = {"sft": 0.2, "ppo": 0.8}
+DEMONSTRATION_FRACTIONS = {"sft": 1.0}  # rows no reward model can use: not shared out (loader)
 EVAL_FRACTION = 0.1
 SPLITS = ("sft", "rm", "ppo", "eval")
+TRAINING_SPLITS = ("sft", "rm", "ppo")
 
 GroupKey = str | Callable[[Any], Hashable] | None
+
+
+def parse_split_shares(text: str) -> dict[str, float]:
+    """``--split-shares``: 'SFT/RM/PPO' (e.g. '20/40/40'; commas work too) -> the three
+    shares normalised to sum to 1. Raises ValueError unless three finite numbers, none
+    negative and not all 0."""
+    parts = [p.strip() for p in str(text).replace(",", "/").split("/")]
+    values = [float(p) for p in parts] if len(parts) == len(TRAINING_SPLITS) else []
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+        raise ValueError(text)
+    return {name: value / sum(values) for name, value in zip(TRAINING_SPLITS, values)}
 
 
 def with_eval(fractions: dict[str, float], eval_fraction: float = EVAL_FRACTION) -> dict[str, float]:
@@ -46,7 +60,9 @@ def assign_splits(groups: Sequence[Hashable], fractions: dict[str, float], seed:
     bounds, running = [], 0.0
     for name in names:
         running += fractions[name] / norm
-        bounds.append(running * total)
+        # rounded: shares that sum to 0.9 in one order and 0.8999999999999999 in another
+        # must hold out the same rows for evaluation
+        bounds.append(round(running * total, 9))
     where: dict[Hashable, str] = {}
     position = 0
     for group in order:

@@ -40,9 +40,11 @@ from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
 from ..accepts import parse_list
+from ..data.records import one_per_prompt
 from ..errors import UserError
 from ..rewards.function import FunctionReward, file_digest, is_function_spec
 from ..seeding import derived_seed
+from ..wording import count
 from . import estimator, plots, tables
 
 STAGE = "bon"
@@ -80,8 +82,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"
 
 
-def load_prompts(config, console) -> tuple[list[dict], str]:
-    """Records of the eval split's distinct prompts, the first --max-records of them; and the source."""
+def load_prompts(config, console) -> tuple[list[dict], str, int]:
+    """Records of the eval split's distinct prompts, the first --max-records of them; the
+    source, and how many distinct prompts the eval split holds."""
     from ..data import load_records
 
     from ..data.records import PROMPT_KINDS
@@ -92,13 +95,10 @@ def load_prompts(config, console) -> tuple[list[dict], str]:
         console.print(result.notice, highlight=False, soft_wrap=True)
     if result.report.total_skipped:
         console.print(f"{result.source}: {result.report.summary()}", highlight=False, soft_wrap=True)
-    first: dict[str, dict] = {}
-    for record in result.records:
-        first.setdefault(record["prompt"], record)
-    records = list(first.values())[: config.max_records or None]
-    if not records:
+    distinct = one_per_prompt(result.records)
+    if not distinct:
         raise UserError(f"{result.source}: the eval split has no prompts")
-    return records, result.source
+    return distinct[: config.max_records or None], result.source, len(distinct)
 
 
 def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], samples: int, temperature: float) -> dict:
@@ -254,7 +254,7 @@ def run(config) -> dict[str, Any]:
     function = is_function_spec(config.reward)
     reward_model = None if function else config.reward_model or str(run_dir.require("rm"))
     scorer = f"reward function {config.reward}" if function else f"reward model {reward_model}"
-    prompts, source = load_prompts(config, err)
+    prompts, source, distinct = load_prompts(config, err)
     if function:  # the fields it needs exist, and a changed file is not served stale scores
         FunctionReward(config.reward).check_records(prompts, f"the records of {source}")
         scored_by = f"{config.reward}@{file_digest(config.reward)}"
@@ -266,8 +266,8 @@ def run(config) -> dict[str, Any]:
     results = {t: _cached(_cache_path(run_dir, name, t), expected[t]) for t in temps}
     todo = [t for t in temps if results[t] is None]
     err.print(
-        f"bon {name}: policy {policy}, {scorer}, {len(prompts)} prompts from {source}, "
-        f"{samples} samples per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
+        f"bon {name}: policy {policy}, {scorer}, {len(prompts)} of the {distinct} distinct eval prompts of {source}, "
+        f"{count(samples, 'sample')} per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
         + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else "") + f"; {chat.describe()}",
         highlight=False, soft_wrap=True,
     )  # fmt: skip

@@ -10,7 +10,10 @@ counted per judgement for the summary, and every worker stops at once when one o
 finds the key or the model refused. Retried: 429 rate limits, 408/409, 5xx server errors,
 timeouts (``--timeout`` per request) and dropped connections. Not retried: 400 (a pair the
 model cannot take, e.g. too long: that judgement fails and is reported); 401/403/404 stop
-the whole run with one line, since every other request would fail the same way.
+the whole run with one line, since every other request would fail the same way; so does a
+connection that cannot even be made (refused, or a host name that does not resolve) before
+the server has answered once: that is a wrong ``--base-url``, not a busy server. After a
+first reply, the same error is a server restarting, and is retried.
 
 **Cache: one file per judgement**, ``judge/cache/<sha256>.json``, written atomically as soon
 as its reply arrives, keyed by the model, the template's hash, the prompt and the two
@@ -32,6 +35,7 @@ import json
 import os
 import random
 import re
+import socket
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -99,6 +103,23 @@ def _transient(err: BaseException) -> bool:
     return False
 
 
+def _cannot_connect(err: BaseException) -> OSError | None:
+    """The operating system's reason when a connection could not be made at all (refused,
+    a host name that does not resolve), found under the openai client's wrappers; None for
+    timeouts, dropped connections and every other error."""
+    import openai
+
+    if not isinstance(err, openai.APIConnectionError) or isinstance(err, openai.APITimeoutError):
+        return None
+    seen, cause = set(), err.__cause__ or err.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (ConnectionRefusedError, socket.gaierror)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _describe(err: BaseException) -> str:
     status = getattr(err, "status_code", None)
     name = type(err).__name__
@@ -150,6 +171,7 @@ class JudgeClient:
         self.cache_dir = Path(cache_dir)
         self._secrets = [key]
         self._stop = threading.Event()
+        self._answered = threading.Event()  # the server has replied once: it exists
         self._client = OpenAI(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
 
     # cache ------------------------------------------------------------------------------
@@ -195,8 +217,11 @@ class JudgeClient:
         if self._stop.is_set():
             outcome.error = "cancelled"
             return outcome
+        def retried(err: BaseException) -> bool:
+            return _transient(err) and (self._answered.is_set() or _cannot_connect(err) is None)
+
         retrying = Retrying(
-            retry=retry_if_exception(_transient),
+            retry=retry_if_exception(retried),
             stop=stop_after_attempt(self.max_retries + 1) | stop_when_event_set(self._stop),
             wait=_Backoff(self.retry_wait),
             reraise=True,
@@ -206,6 +231,7 @@ class JudgeClient:
                 with attempt:
                     outcome.attempts = attempt.retry_state.attempt_number
                     reply, info = self._request(job.message)
+            self._answered.set()
         except RetryError:  # stopped by the event before an attempt finished
             outcome.error = "cancelled"
             return outcome
@@ -214,6 +240,11 @@ class JudgeClient:
             if isinstance(err, (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)):
                 self._stop.set()
                 raise Fatal(f"the judge server refused the request ({text}); check the model name and the API key") from None
+            refused = _cannot_connect(err)
+            if refused is not None and not self._answered.is_set():
+                self._stop.set()
+                reason = refused.strerror or str(refused)
+                raise Fatal(f"cannot connect to the judge at {self._client.base_url} ({reason}); check --base-url and that the server runs") from None
             outcome.error = text
             return outcome
         created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -33,9 +33,10 @@ from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..wording import count
 from . import pairs as pairs_module
 from . import plots, prompts, stats, tables
-from .client import PAPER_MODEL, Job, JudgeClient, Outcome, api_key
+from .client import PAPER_MODEL, Fatal, Job, JudgeClient, Outcome, api_key
 from .judge_parse import parse
 from .pairs import Pair
 
@@ -199,7 +200,11 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
     )  # fmt: skip
     with progress:
         if llm:
-            results["llm"] = judge_llm(config, chosen, template, run_dir, progress)
+            try:
+                results["llm"] = judge_llm(config, chosen, template, run_dir, progress)
+            except Fatal:
+                progress.live.transient = True  # the refusal is one line: no half-drawn bar above it
+                raise
         if config.rm_judge:
             from . import rm_judge
 
@@ -212,6 +217,20 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
             )  # fmt: skip
             results["rm"] = (rows, {"kind": "rm", "reward_model": reward_model, "chat_template": rendered})
 
+    failed = sum(1 for rows, _ in results.values() for r in rows for o in r.get("orders", []) if o["verdict"] == "failed")
+    unparsed = sum(1 for rows, _ in results.values() for r in rows for o in r.get("orders", []) if o["verdict"] == "unparsed")
+    reasons = "; ".join(f"{n} x {why}" for why, n in results["llm"][1]["failures"].items()) if "llm" in results else ""
+    # a judge that decided no pair reports nothing: no result file, no bar, no run.json entry
+    results = {kind: result for kind, result in results.items() if any(r["verdict"] in stats.SCORE for r in result[0])}
+    if not results:
+        why = [f"{count(failed, 'judgement')} got no reply" + (f" ({reasons})" if reasons else "")] if failed else []
+        why += [f"{count(unparsed, 'reply')} could not be parsed"] if unparsed else []
+        err.print(
+            f"[bold red]no pair of {name} was judged[/]: {'; '.join(why) or 'no judgement'}; nothing written. Rerun the "
+            f"same command once the judge answers: every answered judgement is cached in {run_dir.path('judge', 'cache')}.",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        return {"failed": failed, "unparsed": unparsed, "files": {}, "plot": None}
     summaries, written = {}, {}
     base = {
         "name": name, "a": str(file_a), "b": str(file_b), "seed": config.seed, "both_orders": config.both_orders,
@@ -233,15 +252,12 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
     tables.judge_table(name, {_label(results[k][1]): v for k, v in summaries.items()})
     plot = plots.win_tie_loss(_bars(run_dir, name), run_dir.plot_path(f"judge-{name}"), title=f"pairwise judgements: {name}")
     overview = plots.win_tie_loss(_bars(run_dir), run_dir.plot_path("judge"), title=f"pairwise judgements in {run_dir.root}")
-    failed = sum(1 for rows, _ in results.values() for r in rows for o in r.get("orders", []) if o["verdict"] == "failed")
-    unparsed = sum(1 for rows, _ in results.values() for r in rows for o in r.get("orders", []) if o["verdict"] == "unparsed")
     if unparsed:
         err.print(f"[yellow]{unparsed} repl{'y' if unparsed == 1 else 'ies'} could not be parsed[/]: kept in the result file "
                   "(how: 'unparsed: ...'), counted, and left out of the rates", highlight=False)  # fmt: skip
     if failed:
-        reasons = "; ".join(f"{n} x {why}" for why, n in results["llm"][1]["failures"].items())
         err.print(
-            f"[bold red]{failed} judgement(s) got no reply[/] ({reasons}; transient errors were retried up to {config.max_retries} times); their pairs "
+            f"[bold red]{count(failed, 'judgement')} got no reply[/] ({reasons}; transient errors were retried up to {config.max_retries} times); their pairs "
             "are left out of the rates. Rerun the same command to ask only for those: every answered judgement is "
             f"cached in {run_dir.path('judge', 'cache')}.", highlight=False, soft_wrap=True,
         )  # fmt: skip

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..data.local import read_rows
 from ..data.report import SkipReport
 from ..errors import UserError, bad_input
+from ..wording import count as counted
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,10 @@ class Matched:
                 out.append(f"{path}: {report.summary()}")
         for path, count in self.duplicates.items():
             if count:
-                out.append(f"{path}: {count} repeated prompt(s), the first response kept")
+                out.append(f"{path}: {counted(count, 'repeated prompt')}, the first response kept")
         for path, count in self.only_in.items():
             if count:
-                out.append(f"{path}: {count} prompt(s) not in the other file, not judged")
+                out.append(f"{path}: {counted(count, 'prompt')} not in the other file, not judged")
         return out
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .stats import fmt_rate
+from ..wording import count
 
 console = Console()
 
@@ -15,20 +16,36 @@ JUDGE_ROWS = ("pairs", "win", "tie", "loss", "win rate [95% CI]", "ties as half"
 
 
 def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_scores: dict[float, float], samples: int, prompts: int) -> None:
+    """One row per temperature, one column per N, each cell the mean best-of-N score over
+    its standard error (bold: the best temperature for that N). Where that is wider than
+    the terminal (many N), one row per temperature and N instead: figures are never cut."""
     ns = sorted({n for c in curves.values() for n in c})
-    table = Table(title=f"best of N: {name} ({prompts} prompts, {samples} samples each)", title_justify="left")
-    table.add_column("temperature", justify="right")
-    table.add_column("mean (N=1)", justify="right")
-    for n in ns:
-        table.add_column(f"N={n}", justify="right")
+    temps = sorted(curves)
     best = {n: max(curves, key=lambda t: curves[t][n]["mean"]) for n in ns}
-    for temp in sorted(curves):
-        cells = []
-        for n in ns:
-            text = f"{curves[temp][n]['mean']:.4f} ± {curves[temp][n]['sem']:.4f}"
-            cells.append(f"[bold]{text}[/]" if best[n] == temp else text)
-        table.add_row(f"{temp:g}", f"{mean_scores[temp]:.4f}", *cells)
-    console.print(table)
+
+    def figure(temp: float, n: int, joint: str) -> str:
+        text = f"{curves[temp][n]['mean']:.4f}{joint}± {curves[temp][n]['sem']:.4f}"
+        return f"[bold]{text}[/]" if best[n] == temp else text
+
+    title = f"best of N: {name} ({count(prompts, 'prompt')}, {count(samples, 'sample')} each)"
+    caption = "mean reward-model score of the best of N samples, ± its standard error over prompts"
+    wide = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for label in ("temperature", "mean (N=1)", *(f"N={n}" for n in ns)):
+        wide.add_column(label, justify="right", no_wrap=True)
+    for temp in temps:
+        wide.add_row(f"{temp:g}", f"{mean_scores[temp]:.4f}", *(figure(temp, n, "\n") for n in ns))
+    natural = console.measure(wide, options=console.options.update(max_width=10_000)).maximum  # unclamped
+    if natural <= console.width:
+        console.print(wide)
+        return
+    long = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for label in ("temperature", "N", "best of N"):
+        long.add_column(label, justify="right", no_wrap=True)
+    for temp in temps:
+        cells = ([] if 1 in ns else [("1", f"{mean_scores[temp]:.4f}")]) + [(str(n), figure(temp, n, " ")) for n in ns]
+        for index, (n, cell) in enumerate(cells):
+            long.add_row(f"{temp:g}" if index == 0 else "", n, cell, end_section=index == len(cells) - 1)
+    console.print(long)
 
 
 def judge_table(name: str, summaries: dict[str, dict[str, Any]]) -> None:
@@ -59,18 +76,18 @@ def judge_table(name: str, summaries: dict[str, dict[str, Any]]) -> None:
         bias = s.get("position_bias")
         if bias:
             lines.append(
-                f"position bias: verdict changed with the order in {bias['inconsistent']}/{bias['pairs']} pairs "
+                f"position bias: verdict changed with the order in {bias['inconsistent']}/{count(bias['pairs'], 'pair')} "
                 f"({fmt_rate(bias['inconsistent_rate'], bias['inconsistent_rate_ci'])}); same slot chosen twice "
                 f"{bias['same_slot']}; first slot chosen {fmt_rate(bias['first_slot_choice_rate'])} of the time"
             )
         for criterion, c in (s.get("criteria") or {}).items():
-            lines.append(f"{criterion}: win {fmt_rate(c['win_rate'], c['win_rate_ci'])}, tie {fmt_rate(c['tie_rate'])} ({c['decided']} pairs)")
+            lines.append(f"{criterion}: win {fmt_rate(c['win_rate'], c['win_rate_ci'])}, tie {fmt_rate(c['tie_rate'])} ({count(c['decided'], 'pair')})")
         for line in lines:
             console.print(f"  {judge}: {line}", highlight=False)
 
 
 def agreement_table(first: str, second: str, agreement: dict[str, Any]) -> None:
-    table = Table(title=f"agreement ({agreement['pairs']} pairs): rows {first}, columns {second}", title_justify="left")
+    table = Table(title=f"agreement ({count(agreement['pairs'], 'pair')}): rows {first}, columns {second}", title_justify="left")
     table.add_column(f"{first} \\ {second}")
     verdicts = ("win", "tie", "loss")
     for v in verdicts:
@@ -80,6 +97,6 @@ def agreement_table(first: str, second: str, agreement: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         f"  agreement {fmt_rate(agreement['rate'], agreement['rate_ci'])}; without ties "
-        f"{fmt_rate(agreement['rate_without_ties'])} of {agreement['pairs_without_ties']} pairs",
+        f"{fmt_rate(agreement['rate_without_ties'])} of {count(agreement['pairs_without_ties'], 'pair')}",
         highlight=False,
     )

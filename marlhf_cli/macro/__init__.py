@@ -11,7 +11,9 @@ it::
                                            gamma=1.0, lam=0.95, value_function="equal")
 
 The critic-free baselines (``rloo_advantages``, ``grpo_advantages``, ``kl_loss``) live here
-too, so a comparison with them uses the same losses.
+too, so a comparison with them uses the same losses, and so do the Monte-Carlo segment
+advantages (``cap_segments``, ``boundary_plan``, ``mc_advantages``: segment values from
+sampled continuations instead of a critic).
 
 ``parsing_lengths`` and ``token_offsets`` (the natural-language rule and the offset
 alignment) pull in spaCy/stanza, so they are loaded on first access only.
@@ -34,7 +36,7 @@ from .advantages import (
     segment_weights,
     token_gae,
 )
-from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, rloo_advantages, sequence_to_tokens
+from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, leave_one_out_means, rloo_advantages, sequence_to_tokens
 from .code import DEFAULT_CODE_CUTOFF, code_lengths
 from .losses import (
     KL_ESTIMATORS,
@@ -47,6 +49,7 @@ from .losses import (
     policy_loss,
     value_loss,
 )
+from .montecarlo import BoundaryPlan, boundary_plan, cap_segments, kept_boundaries, mc_advantages
 from .rules import fixed_lengths, ppl_lengths, randomized_lengths
 from .segmentation import (
     DEFAULT_PARSING_CUTOFF,
@@ -73,6 +76,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "BoundaryPlan",
     "DEFAULT_CODE_CUTOFF",
     "DEFAULT_PARSING_CUTOFF",
     "KL_ESTIMATORS",
@@ -85,15 +89,20 @@ __all__ = [
     "SegmentStats",
     "TerminationRule",
     "aggregate",
+    "boundary_plan",
+    "cap_segments",
     "code_lengths",
     "discounted_reverse_cumsum",
     "fixed_lengths",
     "grpo_advantages",
+    "kept_boundaries",
     "kl_loss",
     "kl_per_token",
+    "leave_one_out_means",
     "lengths_to_segment_ids",
     "macro_advantages",
     "masked_mean",
+    "mc_advantages",
     "num_segments",
     "policy_loss",
     "ppl_lengths",

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "GRPO_EPS", "group_view", "grpo_advantages", "rloo_advantages", "sequence_to_tokens"]
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "GRPO_EPS", "group_view", "grpo_advantages", "leave_one_out_means", "rloo_advantages",
+    "sequence_to_tokens",
+]  # fmt: skip
 
-# gae: a critic and GAE over macro actions (PPO / MA-PPO); rloo and grpo: no critic
-ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo")
+# gae: a critic and GAE over macro actions (PPO / MA-PPO); rloo and grpo: no critic; mc:
+# no critic, segment values from sampled continuations (montecarlo.py)
+ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo", "mc")
 GRPO_EPS = 1e-4  # keeps an all-equal group at exactly zero advantage
 
 
@@ -42,11 +46,16 @@ def group_view(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.reshape(-1, group_size)
 
 
+def leave_one_out_means(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The mean of the other K - 1 rewards of each response's group, in float64; [B] in, [B] out."""
+    groups = group_view(rewards.double(), group_size)
+    return ((groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)).reshape(-1)
+
+
 def rloo_advantages(sequence_rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """A_i = R_i - mean of the other K - 1 rewards of i's group; [B] in, [B] out."""
-    groups = group_view(sequence_rewards.double(), group_size)
-    others = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
-    return (groups - others).reshape(-1).to(sequence_rewards.dtype)
+    others = leave_one_out_means(sequence_rewards, group_size)
+    return (sequence_rewards.double() - others).to(sequence_rewards.dtype)
 
 
 def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = GRPO_EPS) -> torch.Tensor:

@@ -16,7 +16,7 @@ and the table gains the mean score per difficulty (records without one count as
 
 Outputs: ``passk/<name>.json`` (settings, the table, per-problem outcomes, the sandbox's
 isolation mode), ``passk/<name>-samples.jsonl`` (every program with its status and reward),
-a ``passk/<name>`` entry in ``run.json``, and the table on the terminal.
+a ``passk/<name>`` entry in ``run.json``, and the table on stdout (progress and notes on stderr).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .. import artifacts
 from .. import config as config_module
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..wording import count
 from . import apps
 from . import sandbox as sb
 from .function import FunctionReward, is_function_spec
@@ -162,7 +163,8 @@ def run(config) -> dict[str, Any]:
         function.check_records(records, f"the records of {loaded.source}")
     iso = sb.isolation() if function is None else None
     judged_by = f"sandbox {iso.describe()}" if iso else f"scored by {config.reward} (passes at {PASS_SCORE:g} or more)"
-    console.print(f"passk '{name}': {policy}, {len(records)} problems x {config.n} samples from {loaded.source}; {judged_by}",
+    problems = count(len(records), "problem") if len(records) == loaded.available else f"{len(records)} of the {loaded.available} problems"
+    console.print(f"passk '{name}': {policy}, {problems} x {count(config.n, 'sample')} from {loaded.source}; {judged_by}",
                   highlight=False, soft_wrap=True)  # fmt: skip
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -243,7 +245,7 @@ def run(config) -> dict[str, Any]:
     table = apps.passk_table(per_problem, difficulties, ks)
     if function is not None:
         add_mean_scores(table, per_problem_scores, difficulties)
-    print_table(name, table, ks, console)
+    print_table(name, table, ks, Console(highlight=False))  # stdout, as every command's table
     overall = next(row for row in table if row["difficulty"] == "all")
     payload = {
         "name": name, "model": policy, "dataset": config.dataset, "data_file": config.data_file,

@@ -11,14 +11,16 @@ from .. import checkpoints
 from .. import config as config_module
 from .. import engine as eng
 from ..artifacts import RunDir
+from ..wording import count
 
 
 def start(config: Any) -> None:
-    """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed."""
+    """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed.
+    Options that go together or not are checked first, so a refusal is one line, not one per process."""
+    eng.check_engine_config(config)
     code = eng.maybe_relaunch(config.nproc)
     if code is not None:
         raise SystemExit(code)
-    eng.check_engine_config(config)
     eng.init_distributed(config.debug)
     resolve_dtype(config)
     eng.set_seed(config.seed)
@@ -61,16 +63,45 @@ def load_split(config: Any, split: str, limit: int | None, *, report: bool = Tru
     The report covers the whole source, so a stage shows it for one of its splits only.
     """
     from ..data import load_records
+    from ..data.splits import parse_split_shares
 
+    shares = parse_split_shares(config.split_shares) if getattr(config, "split_shares", None) else None
     result = load_records(
         config.dataset, data_file=config.data_file, split=split, seed=split_seed(config),
-        strict=config.strict, limit=limit,
+        strict=config.strict, limit=limit, shares=shares,
     )  # fmt: skip
     if result.notice and report:
         say(result.notice)
     if report and (result.report.total_skipped or result.report.total_dropped):
         say(f"{result.source}: {result.report.summary()}")
+    if report:
+        _check_shares_agree(config, split, result)
     return result
+
+
+def describe_records(stage: str, train, evaluated: str) -> str:
+    """The start-up line on the data: how many records of how many the stage trains on,
+    the shares of the split, and ``evaluated`` (what is held out for evaluation)."""
+    shares = ", ".join(f"{name} {100 * share:.3g}%" for name, share in train.fractions.items())
+    if len(train.records) < train.available:
+        shares += f"; --max-records keeps {len(train.records)} of its {train.available}"
+    where = f" ({shares})" if shares else ""
+    return f"{stage}: training on {len(train.records)} of the {count(train.total, 'record')} of {train.source}{where}, {evaluated}"
+
+
+def _check_shares_agree(config: Any, split: str, result) -> None:
+    """A note when another stage of the run directory read the same source with other
+    shares (--split-shares): their records may then overlap."""
+    if split == "eval" or not eng.is_main() or not result.fractions:
+        return
+    stages = RunDir(config.run_dir).manifest().get("stages", {})
+    for key, entry in sorted(stages.items()):
+        inputs = entry.get("inputs") or {}
+        theirs = inputs.get("split_shares")
+        if key == split or key.startswith(f"{split}/") or inputs.get("source") != result.source or not theirs:
+            continue
+        if set(theirs) != set(result.fractions) or any(abs(theirs[k] - v) > 1e-9 for k, v in result.fractions.items()):
+            say(f"note: '{key}' of this run directory read {result.source} with other --split-shares: their records may overlap")
 
 
 def inputs_entry(config: Any, model: str, train, evaluation, **extra: Any) -> dict[str, Any]:
@@ -80,6 +111,8 @@ def inputs_entry(config: Any, model: str, train, evaluation, **extra: Any) -> di
         "dataset": config.dataset,
         "data_file": config.data_file,
         "source": train.source,
+        "source_records": train.total,
+        "split_shares": train.fractions,
         "train_records": len(train.records),
         "eval_records": len(evaluation.records) if evaluation is not None else 0,
         "rows": train.report.to_dict(),
@@ -104,5 +137,5 @@ def clear_previous_outputs(run: RunDir, stage: str, name: str | None = None) -> 
         removed = run.clear_outputs(stage, name)
         if removed:
             where = run.stage_dir(stage, name)
-            say(f"fresh run: removed the previous outputs of {where} ({len(removed)} files or folders; pass --resume to continue a run)")
+            say(f"fresh run: removed the previous outputs of {where} ({count(len(removed), 'file or folder', 'files or folders')}; pass --resume to continue a run)")
     eng.barrier()

@@ -34,6 +34,10 @@ ChatTemplateOption = Annotated[
     Optional[str],
     _opt("--chat-template", "How records become text: auto (the tokenizer's chat template on conversational data, i.e. a TRL file's message lists; plain-text datasets keep their format), none (the Human:/Assistant: transcript), or a Jinja template FILE (applied to every record, a plain prompt as one user turn). Responses end with the template's end-of-turn token, where sampling stops and the reward is read. [default: auto]"),
 ]
+SplitSharesOption = Annotated[
+    Optional[str],
+    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 50/0/50); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: 20/40/40, APPS 20/0/80; a file of demonstrations only (messages, prompt/completion) is not shared out: sft and ppo each use all of it]"),
+]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
 ]
@@ -92,7 +96,19 @@ NprocOption = Annotated[
 
 TrainableLayersOption = Annotated[
     Optional[int],
-    _opt("--trainable-layers", "Train only the top N transformer blocks, the final norm and the head (fast on a CPU). [default: all]"),
+    _opt("--trainable-layers", "Train only the top N transformer blocks, the final norm and the head (fast on a CPU); with --lora-rank: adapters in the top N blocks only, and the head. [default: all]"),
+]
+
+# LoRA (marlhf_cli/lora.py) ----------------------------------------------------------------
+LoraRankOption = Annotated[
+    Optional[int],
+    _opt("--lora-rank", "Train LoRA adapters of rank R (peft) instead of every weight; 0 = full fine-tuning. The export is merged weights, with the adapter in adapter/. ppo: adapters on the actor and the critic, whose reference and reward model are then the same weights with the adapter off. [default: 0]"),
+]
+LoraAlphaOption = Annotated[Optional[float], _opt("--lora-alpha", "LoRA scale numerator: the update is alpha / rank x B A. [default: 2 x rank]")]
+LoraDropoutOption = Annotated[Optional[float], _opt("--lora-dropout", "Dropout on the adapters' input (sft, rm; PPO runs without dropout). [default: 0]")]
+LoraTargetsOption = Annotated[
+    Optional[str],
+    _opt("--lora-targets", "Layers that get adapters: all-linear (every linear layer of the transformer blocks, not the LM head) or comma-separated names such as q_proj,v_proj. A reward model's or critic's score head is always trained whole. [default: all-linear]"),
 ]
 
 
@@ -106,8 +122,10 @@ RewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model, als
 Reward = Annotated[Optional[str], _opt("--reward", "Where scores come from: model (the reward model), apps (run the generated program on the record's tests, docs/method.md, 'Program rewards') or py:FILE.py:FUNCTION (your Python function, called as TRL's reward_funcs: prompts=, completions=, completions_ids=, and the records' other fields as keyword lists; it returns one float per response). The file is your own code, imported and run as it is, not sandboxed. With apps or py: no rm/ is needed and the critic starts from the policy. [default: apps for --dataset apps, else model]")]
 
 # advantage estimator
-Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline) or grpo (group-normalised score, KL as a loss term); rloo and grpo train no critic. [default: gae]")]
-SamplesPerPrompt = Annotated[Optional[int], _opt("--samples-per-prompt", "Responses sampled per prompt (K, one group); a step generates --rollout-batch-size x K responses. rloo/grpo need K >= 2. [default: 1 for gae, 4 for rloo/grpo]")]
+Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline), grpo (group-normalised score, KL as a loss term) or mc (macro actions from --termination, each boundary valued by the mean score of --mc-rollouts continuations sampled from it, KL as a loss term); rloo, grpo and mc train no critic. [default: gae]")]
+SamplesPerPrompt = Annotated[Optional[int], _opt("--samples-per-prompt", "Responses sampled per prompt (K, one group); a step generates --rollout-batch-size x K responses. rloo/grpo/mc need K >= 2. [default: 1 for gae, 4 for rloo/grpo/mc]")]
+McRollouts = Annotated[Optional[int], _opt("--mc-rollouts", "mc: continuations sampled from every inner boundary of a response (M); a boundary's value is their mean score. [default: 2]")]
+McMaxBoundaries = Annotated[Optional[int], _opt("--mc-max-boundaries", "mc: at most B boundaries per response, spread evenly over the rule's (the segments between two kept ones merge), so a fine rule (ppl, parsing) costs at most B x M continuations per response. [default: every boundary]")]
 
 # Algorithm 1 / Table 5
 RolloutBatch = Annotated[Optional[int], _opt("--rollout-batch-size", "Prompts per PPO step, over all processes; each is answered --samples-per-prompt times. [default: 256]")]
@@ -119,7 +137,7 @@ ClipRange = Annotated[Optional[float], _opt("--clip-range", "PPO ratio clip epsi
 ValueClipRange = Annotated[Optional[float], _opt("--value-clip-range", "Critic value clip around the old value. [default: 0.2]")]
 Gamma = Annotated[Optional[float], _opt("--gamma", "Discount over segments (macro actions). [default: 1.0]")]
 Lam = Annotated[Optional[float], _opt("--lam", "GAE lambda over segments. [default: 0.95]")]
-KlCoef = Annotated[Optional[float], _opt("--kl-coef", "beta of the KL to the reference: a per-token penalty -beta * KL in the reward (gae, rloo), or beta * k3 KL added to the loss (grpo). [default: 0.05]")]
+KlCoef = Annotated[Optional[float], _opt("--kl-coef", "beta of the KL to the reference: a per-token penalty -beta * KL in the reward (gae, rloo), or beta * k3 KL added to the loss (grpo, mc). [default: 0.05]")]
 KlEstimator = Annotated[Optional[str], _opt("--kl-estimator", "Per-token KL estimate in the reward: k1 (log-ratio) or k3. [default: k1]")]
 RewardClip = Annotated[Optional[float], _opt("--reward-clip", "Clip the (normalised) reward-model score to [-c, c] before placing it. [default: 5.0]")]
 Whiten = Annotated[Optional[bool], _switch("--whiten-advantages", "Normalise advantages over each rollout batch (the paper does not). [default: off]")]
@@ -153,6 +171,7 @@ OffloadFrozen = Annotated[Optional[bool], _switch("--offload-frozen", "Keep the 
 # comparison
 Compare = Annotated[bool, typer.Option("--compare", help="Instead of training: draw the eval curves of the runs NAMES on one figure (plots/) and print their table.")]
 Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --compare.", show_default=False)]
+XAxis = Annotated[Optional[str], _opt("--x-axis", "With --compare: eval curves against the PPO step, or against tokens (generated tokens so far: responses plus mc's continuations, the sampling cost). [default: step]")]
 
 
 # ---------------------------------------------------------------------------------------
@@ -161,6 +180,7 @@ Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --comp
 DATA = {
     "dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
     "chat_template": ChatTemplateOption,
+    "split_shares": SplitSharesOption,
 }  # fmt: skip
 TRAINING = {  # sft and rm
     "lr": LrOption, "batch_size": BatchSizeOption, "epochs": EpochsOption, "max_steps": MaxStepsOption,
@@ -174,9 +194,12 @@ ENGINE = {
     "offload_params": OffloadParamsOption, "lr_scheduler": SchedulerOption, "warmup_ratio": WarmupOption,
     "weight_decay": WeightDecayOption, "max_grad_norm": MaxGradNormOption, "nproc": NprocOption,
 }  # fmt: skip
+LORA = {"lora_rank": LoraRankOption, "lora_alpha": LoraAlphaOption, "lora_targets": LoraTargetsOption}  # ppo
+LORA_TRAINING = {**LORA, "lora_dropout": LoraDropoutOption}  # sft and rm
 PPO = {
     "name": Name, "policy": Policy, "reward_model": RewardModel, "reward": Reward, "advantage": Advantage,
-    "samples_per_prompt": SamplesPerPrompt, "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
+    "samples_per_prompt": SamplesPerPrompt, "mc_rollouts": McRollouts, "mc_max_boundaries": McMaxBoundaries,
+    "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "clip_range": ClipRange,
     "value_clip_range": ValueClipRange, "gamma": Gamma, "lam": Lam, "kl_coef": KlCoef, "kl_estimator": KlEstimator,
     "reward_clip": RewardClip, "whiten_advantages": Whiten, "missing_eos_penalty": MissingEos,
@@ -186,5 +209,6 @@ PPO = {
     "max_steps": MaxSteps, "eval_every": EvalEvery, "eval_prompts": EvalPrompts, "save_every": SaveEvery,
     "resume": Resume, "offload_frozen": OffloadFrozen,
 }  # fmt: skip
-# flags that shape segments or train the critic: a critic-free run (rloo, grpo) cannot use them
-CRITIC_FIELDS = ("termination", "n", "cutoff", "value_function", "critic_lr", "value_clip_range")
+# flags only some estimators read (the rule's, the critic's, mc's: train/ppo/estimators.py
+# says which): given on the command line to another estimator they are a one-line error
+ESTIMATOR_FIELDS = ("termination", "n", "cutoff", "value_function", "critic_lr", "value_clip_range", "mc_rollouts", "mc_max_boundaries")

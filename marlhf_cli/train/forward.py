@@ -58,8 +58,9 @@ def logprobs_from_logits(
 @contextlib.contextmanager
 def resident(model, device, offload: bool):
     """Move a frozen model (reference, reward model) to ``device`` for a block, then back to
-    CPU memory when ``offload`` is set; a no-op otherwise (and for ``None``)."""
-    if model is None or not offload:
+    CPU memory when ``offload`` is set; a no-op otherwise (and for ``None``, or a model with no
+    weights of its own: a LoRA model's base, :class:`marlhf_cli.lora.WithoutAdapter`)."""
+    if model is None or not offload or not isinstance(model, torch.nn.Module):
         yield model
         return
     model.to(device)
@@ -129,24 +130,43 @@ def head_divides_by(model, temperature: float):
     and the logits the vocabulary's: with a 49k vocabulary the division (and its backward)
     over the logits was a tenth of a CPU step. Only where the identity holds and keeps
     float32 precision: an fp32 ``nn.Linear`` head without bias, and no logit soft-capping
-    after it (Gemma-2's tanh would not commute). Elsewhere nothing changes (yields False:
-    the caller divides the logits).
+    after it (Gemma-2's tanh would not commute), neither in the config nor in its text
+    config (composite models such as Gemma-3 keep it there). Elsewhere nothing changes
+    (yields False: the caller divides the logits). A forward in the block that never calls
+    the head module (one using its weight directly) is an error: its logits would be taken
+    for divided ones.
     """
     net = unwrap(model)
     head = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
-    config = getattr(net, "config", None)
     linear = (
         isinstance(head, torch.nn.Linear) and head.bias is None and head.weight.dtype == torch.float32
-        and not getattr(config, "final_logit_softcapping", None)
+        and not _soft_capped(getattr(net, "config", None))
     )  # fmt: skip
     if temperature == 1.0 or not linear:
         yield temperature == 1.0
         return
-    handle = head.register_forward_pre_hook(lambda _module, args: (args[0] / temperature, *args[1:]))
+    calls = []
+
+    def divide(_module, args):
+        calls.append(1)
+        return (args[0] / temperature, *args[1:])
+
+    handle = head.register_forward_pre_hook(divide)
     try:
         yield True
     finally:
         handle.remove()
+    if not calls:
+        raise RuntimeError(
+            f"{type(net).__name__}'s logits did not go through its output embedding module, so they "
+            "were not divided by the temperature: head_divides_by cannot serve this model"
+        )
+
+
+def _soft_capped(config) -> bool:
+    """Logit soft-capping in ``config`` or in its text model's config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    return any(getattr(c, "final_logit_softcapping", None) for c in (config, text) if c is not None)
 
 
 def _check_head(model) -> None:

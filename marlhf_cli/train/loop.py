@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from .. import checkpoints, engine as eng
 from ..errors import UserError
+from ..wording import count
 from .monitor import Monitor
 
 
@@ -73,7 +74,7 @@ def total_steps(n: int, batch_size: int, epochs: int, max_steps: int | None) -> 
     """Optimizer steps of the run: ``max_steps`` when given (cycling epochs), else ``epochs`` full passes."""
     per_epoch = steps_per_epoch(n, batch_size)
     if per_epoch == 0:
-        raise UserError(f"only {n} training examples for a batch of {batch_size}: lower --batch-size or add data")
+        raise UserError(f"only {count(n, 'training example')} for a batch of {batch_size}: lower --batch-size or add data")
     return int(max_steps) if max_steps else per_epoch * max(1, int(epochs))
 
 

@@ -1,7 +1,8 @@
-"""What a training stage shows and records: progress bar, metrics JSONL, TensorBoard, loss PNG.
+"""What a training stage shows and records: progress, metrics JSONL, TensorBoard, loss PNG.
 
 Only rank 0 does any of it (other ranks get a monitor whose methods do nothing), so a
-multi-process run prints one progress bar and writes each metric once.
+multi-process run prints one progress bar and writes each metric once. Progress is a live
+bar on a terminal and plain lines in a log file (:mod:`.progress`).
 
 On ``--resume`` from step k, rows after k (written by the run that was killed) are dropped
 from ``metrics/<stage>.jsonl`` and TensorBoard is told to purge them, so the records of a
@@ -21,7 +22,11 @@ from .. import artifacts
 class Monitor:
     """Progress, metrics and plots for one stage of one run directory."""
 
-    def __init__(self, run: artifacts.RunDir, stage: str, *, total_steps: int, start_step: int, enabled: bool):
+    def __init__(
+        self, run: artifacts.RunDir, stage: str, *, total_steps: int, start_step: int, enabled: bool, live: bool | None = None
+    ):
+        """``live``: rich's bar (True) or plain lines (False); by default the bar where
+        stderr is a terminal."""
         self.run = run
         self.stage = stage
         self.enabled = enabled
@@ -29,12 +34,19 @@ class Monitor:
         self.path = run.metrics_path(stage)
         self._writer = None
         self._progress = None
-        self._task = None
         if not enabled:
             return
         self._truncate(start_step)
         self._writer = _tensorboard(run.path("tb", stage), purge_step=start_step + 1 if start_step else None)
-        self._start_progress(start_step)
+        from rich.console import Console
+
+        from .progress import Bar, LogLines
+
+        console = Console(stderr=True)
+        if console.is_terminal if live is None else live:
+            self._progress = Bar(stage, total_steps, start_step, console)
+        else:
+            self._progress = LogLines(stage, total_steps, start_step)
 
     # metrics ------------------------------------------------------------------------------
     def _truncate(self, start_step: int) -> None:
@@ -56,41 +68,13 @@ class Monitor:
             self._writer.flush()
 
     # progress -----------------------------------------------------------------------------
-    def _start_progress(self, start_step: int) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-        from rich.table import Column
-
-        # Fits 80 columns: a short bar, and the live metrics (the only column of any length)
-        # wrap onto a second line instead of squeezing the times into '0:0…'.
-        self._progress = Progress(
-            TextColumn(f"[bold]{self.stage}[/]"),
-            BarColumn(bar_width=12),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("<"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[live]}", table_column=Column(overflow="fold")),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task(self.stage, total=self.total_steps, completed=start_step, live="")
-
     def advance(self, step: int, live: dict[str, float]) -> None:
         if self._progress is not None:
-            text = "  ".join(f"{k} {_short(v)}" for k, v in live.items())
-            self._progress.update(self._task, completed=step, live=text)
+            self._progress.advance(step, live)
 
     def print(self, message: str) -> None:
-        if not self.enabled:
-            return
         if self._progress is not None:
-            self._progress.console.print(message, highlight=False)
-        else:
-            from rich.console import Console
-
-            Console(stderr=True).print(message, highlight=False)
+            self._progress.print(message)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -147,8 +131,3 @@ def _plain(value: Any) -> Any:
         return float(f"{value:.7g}") if math.isfinite(value) else None
     return value
 
-
-def _short(value: float) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

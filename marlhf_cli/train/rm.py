@@ -22,7 +22,8 @@ import contextlib
 import math
 from typing import Any, Sequence
 
-from .. import checkpoints, engine as eng
+from .. import checkpoints, engine as eng, lora
+from ..wording import count
 from ..artifacts import RunDir
 from . import common, loop, scoring
 from .freeze import train_top_layers
@@ -133,7 +134,7 @@ def base_model(config: Any, run_dir: RunDir) -> str:
 
 def run(config: Any) -> dict[str, Any]:
     """Train the reward model and write ``rm/`` into the run directory; returns final metrics."""
-    from ..models import load_reward_model, load_tokenizer
+    from ..models import load_tokenizer
 
     common.start(config)
     run_dir = RunDir(config.run_dir)
@@ -142,18 +143,24 @@ def run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
     task, identical = build_task(config, tokenizer, train.records, held_out.records, chat)
     if identical:
-        common.say(f"left out {identical} pairs whose responses are identical after truncation to {config.max_response_length} tokens")
+        common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
-    with _quiet_loading(config.debug):  # the "score.weight MISSING" report is expected here
-        model = load_reward_model(model_name, dtype="fp32")
+    model = _load_quietly(model_name, config.debug)
     model.config.pad_token_id = tokenizer.pad_token_id
-    if config.trainable_layers is not None:
+    save = None
+    if lora.enabled(config):  # adapters (in the top --trainable-layers blocks) and the whole score head
+        model = lora.add_adapters(model, config, task="score", base=model_name, top_layers=config.trainable_layers)
+        common.say(lora.trainable_summary(model) + _top_blocks(config.trainable_layers))
+        task.fingerprint.update(lora.base_identity(config, model=model_name))
+        save = lora.merged_saver(lambda: _load_quietly(model_name, config.debug))
+    elif config.trainable_layers is not None:
         trainable, total = train_top_layers(model, config.trainable_layers)
-        common.say(f"training the top {config.trainable_layers} blocks, final norm and head: {trainable:,} of {total:,} parameters")
+        common.say(f"training the top {count(config.trainable_layers, 'block')}, final norm and head: {trainable:,} of {count(total, 'parameter')}")
     engine = eng.build_engine(
         scoring.SequenceScorer(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps
     )
@@ -170,12 +177,24 @@ def run(config: Any) -> dict[str, Any]:
             scoring.STD_KEY: stats.get("score_std", 1.0) or 1.0,
             scoring.POSITION_KEY: scoring.POSITION,
         },
+        save=save,
     )  # fmt: skip
     monitor.plot("loss", title=f"reward model loss ({model_name})")
     metrics = final_metrics(result)
     common.record(run_dir, STAGE, config, inputs, metrics, status="finished")
     common.say(_summary_line(out, metrics))
     return metrics
+
+
+def _load_quietly(model_name: str, debug: bool):
+    from ..models import load_reward_model
+
+    with _quiet_loading(debug):  # the "score.weight MISSING" report is expected here
+        return load_reward_model(model_name, dtype="fp32")
+
+
+def _top_blocks(layers: int | None) -> str:
+    return "" if layers is None else f", adapters in the top {layers} blocks"
 
 
 @contextlib.contextmanager
@@ -205,10 +224,10 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
 
 
 def _summary_line(out, metrics: dict) -> str:
-    parts = [f"rm: wrote {out}", f"{metrics['steps']} steps"]
+    parts = [f"rm: wrote {out}", count(metrics["steps"], "step")]
     if "eval_accuracy" in metrics:
         parts.append(
-            f"held-out accuracy {metrics['eval_accuracy']:.3f} on {int(metrics['eval_pairs'])} pairs, "
+            f"held-out accuracy {metrics['eval_accuracy']:.3f} on {count(int(metrics['eval_pairs']), 'pair')}, "
             f"margin {metrics['eval_margin']:.3f}, score {metrics['eval_score_mean']:.3f} +- {metrics['eval_score_std']:.3f}"
         )
     return ", ".join(parts)

@@ -37,13 +37,22 @@ def position_ids(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def hugging_face_model(model):
+    """A peft model's Hugging Face model (its LoRA layers in place), or ``model`` itself: the
+    functions below reach into the backbone by the Hugging Face attribute names."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 def is_decoder_head(model) -> bool:
     """Decoder-style classification models (Llama, Gemma, Qwen, GPT-2, ...) keep their head in ``.score``."""
+    model = hugging_face_model(model)
     return hasattr(model, "score") and hasattr(model, "base_model_prefix") and hasattr(model, model.base_model_prefix)
 
 
 def token_values(model, input_ids, attention_mask):
     """The head applied at every position: [B, T] (a critic's per-token values)."""
+    model = hugging_face_model(model)
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), use_cache=False
@@ -57,6 +66,7 @@ def sequence_scores(model, input_ids, attention_mask):
     Encoder models (BERT-style, whose head reads the first token's pooled output) fall back
     to their own ``logits``, for which padding side does not matter.
     """
+    model = hugging_face_model(model)
     if not is_decoder_head(model):
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[..., 0]
     backbone = getattr(model, model.base_model_prefix)

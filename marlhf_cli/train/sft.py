@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .. import checkpoints, engine as eng
+from .. import checkpoints, engine as eng, lora
 from ..artifacts import RunDir
 from ..errors import UserError
+from ..wording import count
 from . import common, loop
 from ..chat import ChatFormat, Rendered
 from .encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
@@ -178,17 +179,24 @@ def run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
     task = build_task(config, tokenizer, train.records, held_out.records, chat)
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
     model = load_causal_lm(config.model, dtype="fp32")
+    save = None
+    if lora.enabled(config):  # adapters on the base; the export merges them (sft/ is a plain model)
+        model = lora.add_adapters(model, config, task="causal", base=str(config.model))
+        common.say(lora.trainable_summary(model))
+        task.fingerprint.update(lora.base_identity(config, model=str(config.model)))
+        save = lora.merged_saver(lambda: load_causal_lm(config.model, dtype="fp32"))
     engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
     inputs = common.inputs_entry(
         config, str(config.model), train, held_out, train_examples=len(task.train), chat_template=chat.example(train.records)
     )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
-    out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer)
+    out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, save=save)
     monitor.plot("loss", title=f"SFT loss ({config.model})")
     metrics = final_metrics(result)
     common.record(run_dir, STAGE, config, inputs, metrics, status="finished")
@@ -205,7 +213,7 @@ def final_metrics(result: loop.FitResult) -> dict[str, Any]:
 
 
 def _summary_line(out, metrics: dict) -> str:
-    parts = [f"sft: wrote {out}", f"{metrics['steps']} steps"]
+    parts = [f"sft: wrote {out}", count(metrics["steps"], "step")]
     if metrics.get("train_loss") is not None:
         parts.append(f"train loss {metrics['train_loss']:.4f}")
     if "eval_loss" in metrics:

@@ -6,15 +6,17 @@ Each step of :func:`run` is one iteration of the paper's Algorithm 1::
         x        ~ the PPO prompts                       (PromptSchedule)
         y        ~ pi_old(. | x), with old/ref log-probs, critic values and the RM score
                                                          (experience.make_experience)
-        segments = termination rule on y                 (credit.assign_credit)
-        A, Q     = GAE over segments, broadcast to tokens
+        segments = termination rule on y                 (estimators: --advantage)
+        A, Q     = GAE over segments, broadcast to tokens (or: group baseline; mc's sampled values)
         for epoch, minibatch: clipped policy and value updates (update.ppo_update)
 
 MA-PPO and PPO are the same code: ``--termination fixed --n 1`` makes every token its own
 segment, which is token-level PPO exactly (tested), and the run says so when it starts.
-``--advantage rloo|grpo`` replaces steps 4-5 (and the critic) with a group baseline over
-``--samples-per-prompt`` responses to each prompt (:mod:`marlhf_cli.macro.baselines`); no
-critic is built, trained, checkpointed or exported.
+``--advantage`` picks steps 4-5 from a registry of estimators (:mod:`.estimators`): ``gae``
+(the above), ``rloo|grpo`` (a group baseline over ``--samples-per-prompt`` responses to each
+prompt, :mod:`marlhf_cli.macro.baselines`) and ``mc`` (the macro actions' boundary values
+from continuations sampled by the policy, :mod:`marlhf_cli.macro.montecarlo`); the last
+three build, train, checkpoint and export no critic.
 
 Inputs: the policy and reference come from the run's SFT model, the critic and the reward
 from its reward model (``--policy`` / ``--reward-model`` override; the ``tiny`` alias works
@@ -37,6 +39,7 @@ checks), ``models`` (engines, reference, reward), ``context`` (prompt schedule, 
 settings), ``sampling`` and ``experience`` (the rollout), ``rewards`` (where scores come
 from), ``credit`` (termination rule -> segment advantages, or the group baselines),
 ``update`` (the PPO epochs), ``metrics``, ``evaluation`` (held-out prompts),
+``estimators`` (the --advantage registry), ``continuations`` (mc's sampled values),
 ``checkpointing`` (resume), ``generation`` (ZeRO-3's sampling copy) and ``report`` (final
 table, ``--compare``). Its command-line flags are in :mod:`marlhf_cli.train.flags`, which
 loads no torch.
@@ -49,18 +52,20 @@ from typing import Any
 
 import torch
 
-from ... import artifacts, checkpoints, engine as eng
+from ... import artifacts, checkpoints, engine as eng, lora
 from ...artifacts import RunDir
 from ...data.records import PROMPT_KINDS
 from ...errors import UserError
 from ...macro.segmentation import warm_up
 from ...seeding import derived_seed
+from ...wording import count
 from .. import common
 from ..monitor import Monitor
 from . import credit, stopping
 from .checkpointing import checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
-from .evaluation import evaluate
+from .estimators import CreditInputs
+from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
@@ -93,14 +98,15 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
-    held_out = common.load_split(config, "eval", config.eval_prompts, report=False).records if config.eval_prompts else []
+    held_out = held_out_prompts(config)
+    common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
     reward = reward_fn or make_reward(config)
     if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
         reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
     models = build_models(config, policy, reward_model, reward)
     ctx = make_context(config, models, prompts.records)
     root = checkpoint_root(run_dir, name)
-    expected = fingerprint(config, name, len(prompts.records))
+    expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
     start = _resume_or_start_fresh(ctx, run_dir, name, root, expected)
     inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)
@@ -168,43 +174,37 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
     # with a --parse-workers pool starts parsing as soon as the responses exist, so the
     # parser runs while the scoring forwards do.
+    estimator = ctx.estimator
+    sampler = models.sampler.model()
     segmentation: dict[str, Any] = {}  # the parse started on the pool, if any
 
     def start_segmentation(response_ids, mask):
-        if ctx.critic_free:
-            return
-        segmentation["pending"] = credit.start_segmentation(
-            ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
-        )
+        if estimator.segments:
+            segmentation["pending"] = credit.start_segmentation(
+                ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
+            )
 
     failure = None
     try:
         experience = make_experience(
             models.actor, models.reference, models.critic, models.reward, models.tokenizer,
             [ctx.chat.prompt(r) for r in records], records, ctx.rollout,
-            device=models.device, sampler=models.sampler.model(), on_sampled=start_segmentation,
+            device=models.device, sampler=sampler, on_sampled=start_segmentation,
         )  # fmt: skip
     except UserError as error:  # a user's reward function failed: before this step's update
         failure = error
     stopping.agree(failure)  # every process stops, or none
 
-    # 4-5. macro actions from the termination rule; GAE over segments, broadcast to tokens
-    # (rloo / grpo: one advantage per response from its group, no critic)
+    # 4-5. credit assignment by the --advantage estimator (estimators.py): gae cuts responses
+    # into macro actions and runs GAE over them, broadcast to tokens; rloo / grpo give each
+    # response one advantage from its group; mc values each macro action's boundaries by
+    # sampling continuations from them
     credited = time.perf_counter()
-    if ctx.critic_free:
-        credit.assign_group_credit(
-            experience, config.advantage, group_size(config), whiten_advantages=config.whiten_advantages
-        )
-    else:
-        credit.assign_credit(
-            experience, ctx.rule, tokenizer=models.tokenizer, gamma=config.gamma, lam=config.lam,
-            value_function=config.value_function, whiten_advantages=config.whiten_advantages,
-            sample_seeds=sample_numbers, executor=ctx.executor, pending=segmentation.get("pending"),
-        )  # fmt: skip
+    estimator.assign(experience, CreditInputs(ctx, step, sample_numbers, sampler, segmentation.get("pending")))
     credit_seconds = time.perf_counter() - credited
 
     # 6. PPO epochs over minibatches: clipped policy loss (actor), clipped value loss (critic;
-    # grpo adds beta * KL to the policy loss instead of the KL penalty in the reward)
+    # grpo and mc add beta * KL to the policy loss instead of the KL penalty in the reward)
     trained = time.perf_counter()
     generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
     update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator)
@@ -213,7 +213,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     timings = {
         "generation_time": experience.generation_seconds,
         "scoring_time": experience.scoring_seconds,
-        "credit_time": credit_seconds,
+        "credit_time": credit_seconds,  # mc: continuation_time included
+        "continuation_time": experience.continuation_seconds,
         "training_time": training_seconds,
     }
     metrics = reduce_metrics(experience, update_stats, timings)
@@ -251,11 +252,14 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
     common.say(f"ppo '{name}': {what_runs}")
     common.say(ctx.chat.describe())
     k = group_size(config)
-    per_step = f"{config.rollout_batch_size} prompts x {k} = {responses_per_step(config)} responses" if k > 1 else f"{config.rollout_batch_size} responses"
+    per_step = (
+        f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(responses_per_step(config), 'response')}" if k > 1
+        else count(config.rollout_batch_size, "response")
+    )  # fmt: skip
     common.say(
         f"policy {policy}, reward {models.reward.name}"
         + ("" if ctx.critic_free else f", critic from {reward_model}")
-        + f", {len(prompts.records)} prompts, {config.max_steps} steps of {per_step}, {eng.world_size()} process(es)"
+        + f", {count(len(prompts.records), 'prompt')}, {count(config.max_steps, 'step')} of {per_step}, {count(eng.world_size(), 'process')}"
         + (f", resuming at step {start}" if start else "")
     )
     inputs = {
@@ -271,7 +275,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
 def _start_parse_pool(ctx: Context) -> None:
     """--parse-workers > 0 with a text rule: a process pool that parses while the model scores."""
     config = ctx.config
-    if not (ctx.rule.needs_text and config.parse_workers > 0 and not ctx.critic_free):
+    if not (ctx.rule.needs_text and config.parse_workers > 0 and ctx.estimator.segments):
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -286,8 +290,10 @@ def _start_parse_pool(ctx: Context) -> None:
 def _export_models(models, out_dir) -> None:
     # the critic first: the actor's config.json is what marks ppo/<name> as finished
     if models.critic is not None:
-        checkpoints.export_pretrained(models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model)
-    checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer)
+        checkpoints.export_pretrained(
+            models.critic, out_dir / "critic", tokenizer=models.tokenizer, unwrap=lambda m: m.model, save=models.critic_save
+        )
+    checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer, save=models.actor_save)
 
 
 def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list[dict], durations: list[float], start: int) -> dict[str, Any]:

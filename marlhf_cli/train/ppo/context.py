@@ -9,11 +9,13 @@ from typing import Any, Sequence
 from ... import engine as eng
 from ...chat import ChatFormat
 from ...errors import UserError
+from ...wording import count
 from .. import loop
 from . import credit
+from .estimators import Estimator, estimator_of
 from .experience import RolloutSettings
 from .models import Models
-from .settings import is_critic_free, micro_batch
+from .settings import micro_batch
 from .update import UpdateSettings
 
 
@@ -28,7 +30,7 @@ class PromptSchedule:
     def __post_init__(self):
         if len(self.records) < self.batch_size:
             raise UserError(
-                f"only {len(self.records)} PPO prompts for --rollout-batch-size {self.batch_size}: "
+                f"only {count(len(self.records), 'PPO prompt')} for --rollout-batch-size {self.batch_size}: "
                 "lower it, raise --max-records if you set it, or use a dataset with more prompts"
             )
 
@@ -64,15 +66,20 @@ class Context:
             self.chat = ChatFormat(self.models.tokenizer, self.config.chat_template)
 
     @property
+    def estimator(self) -> Estimator:
+        """The --advantage estimator's registry entry (:mod:`.estimators`)."""
+        return estimator_of(self.config)
+
+    @property
     def critic_free(self) -> bool:
-        return is_critic_free(self.config)
+        return not self.estimator.critic
 
 
 def make_context(config, models: Models, records: Sequence[dict]) -> Context:
     """The step's settings from the config (also what the benchmarks build)."""
     micro = micro_batch(config)
-    # GRPO puts the KL to the reference in the loss (beta * k3), not in the reward
-    kl_in_loss = config.advantage == "grpo"
+    # GRPO and mc put the KL to the reference in the loss (beta * k3), not in the reward
+    kl_in_loss = estimator_of(config).kl_in_loss
     # a chat template's end-of-turn token ends a response as EOS does
     chat = ChatFormat(models.tokenizer, config.chat_template)
     rollout = RolloutSettings.from_config(config, forward_batch_size=micro, stop_token_ids=chat.stop_ids)

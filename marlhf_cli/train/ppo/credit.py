@@ -12,7 +12,9 @@ re-tokenization), ``randomized`` a per-sample seed derived from the sample's glo
 so a resumed run cuts the same sample the same way.
 
 The critic-free baselines (``--advantage rloo|grpo``) replace all of this with one advantage
-per response from its group (:func:`assign_group_credit`).
+per response from its group (:func:`assign_group_credit`); ``--advantage mc`` keeps the
+segments (:func:`segment_responses`) and estimates their values by sampling
+(:mod:`.estimators`, :mod:`.continuations`). Which of these a run uses: :mod:`.estimators`.
 """
 
 from __future__ import annotations
@@ -50,17 +52,20 @@ def is_vanilla(rule: TerminationRule) -> bool:
     return rule.name == "fixed" and not math.isinf(rule.n) and int(rule.n) == 1
 
 
+def rule_summary(rule: TerminationRule) -> str:
+    """The rule and its parameters in a few words: 'fixed n=5', 'parsing C=5, fallback fixed n=5'."""
+    if rule.name == "fixed":
+        return "one segment per response" if math.isinf(rule.n) else f"fixed n={int(rule.n)}"
+    if rule.name in ("parsing", "code"):
+        return f"{rule.name} C={rule.cutoff}, fallback fixed n={rule.n:g}"
+    return rule.name
+
+
 def describe(rule: TerminationRule, value_function: str, ratio: str) -> str:
     """One line saying what credit assignment this run does."""
     if is_vanilla(rule):
         return "vanilla PPO (token-level credit assignment: fixed n=1)"
-    if rule.name == "fixed":
-        what = "one segment per response" if math.isinf(rule.n) else f"fixed n={int(rule.n)}"
-    elif rule.name in ("parsing", "code"):
-        what = f"{rule.name} C={rule.cutoff}, fallback fixed n={rule.n:g}"
-    else:
-        what = rule.name
-    return f"MA-PPO (macro actions: {what}; value function {value_function}; {ratio} ratio)"
+    return f"MA-PPO (macro actions: {rule_summary(rule)}; value function {value_function}; {ratio} ratio)"
 
 
 def response_texts(tokenizer, response_ids: torch.Tensor, mask: torch.Tensor):
@@ -96,24 +101,19 @@ def start_segmentation(
     return start_segment_batch(rule, mask.cpu(), texts=texts, offsets=spans, sample_seeds=sample_seeds, executor=executor)
 
 
-def assign_credit(
+def segment_responses(
     experience,
     rule: TerminationRule,
     *,
     tokenizer=None,
-    gamma: float = 1.0,
-    lam: float = 0.95,
-    value_function: str = "equal",
-    whiten_advantages: bool = False,
     sample_seeds=None,
     executor=None,
     workers: int = 0,
     pending: PendingSegments | None = None,
-):
-    """Fill ``segment_ids``, ``advantages``, ``returns`` and ``segment_stats`` of an Experience.
-
-    ``pending``: the segmentation :func:`start_segmentation` began for these responses
-    (waited for here); without it the rule runs now."""
+) -> tuple[torch.Tensor, SegmentStats]:
+    """(segment ids [B, T] on the experience's device, stats): the termination rule's macro
+    actions of every response. ``pending``: the segmentation :func:`start_segmentation` began
+    for these responses (waited for here); without it the rule runs now."""
     mask = experience.mask
     if pending is None:
         texts = spans = None
@@ -130,7 +130,29 @@ def assign_credit(
             executor=executor,
         )
     segment_ids, stats = pending.result()
-    segment_ids = segment_ids.to(mask.device)
+    return segment_ids.to(mask.device), stats
+
+
+def assign_credit(
+    experience,
+    rule: TerminationRule,
+    *,
+    tokenizer=None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    value_function: str = "equal",
+    whiten_advantages: bool = False,
+    sample_seeds=None,
+    executor=None,
+    workers: int = 0,
+    pending: PendingSegments | None = None,
+):
+    """Fill ``segment_ids``, ``advantages``, ``returns`` and ``segment_stats`` of an Experience
+    (segments from :func:`segment_responses`, then GAE over them with the critic's values)."""
+    mask = experience.mask
+    segment_ids, stats = segment_responses(
+        experience, rule, tokenizer=tokenizer, sample_seeds=sample_seeds, executor=executor, workers=workers, pending=pending
+    )
     advantages, returns = macro_advantages(
         experience.rewards, experience.values, mask, segment_ids,
         gamma=gamma, lam=lam, value_function=value_function,

@@ -1,5 +1,6 @@
 """PPO's held-out evaluation: sample each held-out prompt once with the current policy and
 score it with the reward, sharded over processes; the mean score is the stage's eval curve.
+The prompts are distinct (a source may hold several records of one prompt).
 
 The samples' ``prompt`` is the record's text (the transcript for a conversation, whatever
 ``--chat-template`` renders), ``eos`` says the response ended at a stop token (EOS or the
@@ -12,8 +13,10 @@ from typing import Any, Sequence
 import torch
 
 from ... import engine as eng
+from ...data.records import one_per_prompt
 from ...errors import UserError
 from ...seeding import derived_seed
+from .. import common
 from . import stopping
 from .experience import generate, scoring_batch
 from ..forward import resident
@@ -26,6 +29,20 @@ def sample_prompt(record: dict) -> dict:
     if "conversation" in record:
         row["conversation"] = {"prompt": record["conversation"]["prompt"]}
     return row
+
+
+def held_out_prompts(config: Any) -> list[dict]:
+    """The first ``--eval-prompts`` distinct prompts of the eval split, one record each (the
+    record goes with its prompt: the APPS reward needs its tests); says so when there are fewer."""
+    if not config.eval_prompts:
+        return []
+    records = one_per_prompt(common.load_split(config, "eval", None, report=False).records)
+    if len(records) < config.eval_prompts:
+        common.say(
+            f"the eval split has {len(records)} distinct prompts: evaluating {len(records)}, "
+            f"not {config.eval_prompts} (--eval-prompts)"
+        )
+    return records[: config.eval_prompts]
 
 
 def _gather_rows(rows: list[dict]) -> list[dict]:

@@ -93,6 +93,11 @@ class Experience:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     segment_stats: object | None = None
+    # filled by mc's credit assignment (estimators.mc): the sampled continuations' count,
+    # real tokens and seconds
+    continuations: int = 0
+    continuation_tokens: int = 0
+    continuation_seconds: float = 0.0
 
     @property
     def batch_size(self) -> int:

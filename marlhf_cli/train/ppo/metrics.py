@@ -29,6 +29,8 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "segments": float(stats.segments),
         "segment_tokens": float(stats.tokens),
         "fallbacks": float(stats.fallbacks),
+        "continuations": float(experience.continuations),
+        "continuation_tokens": float(experience.continuation_tokens),
         **{f"update:{k}": v for k, v in update_stats.items()},
         **{f"time:{k}": v for k, v in timings.items()},
     }
@@ -52,6 +54,11 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "responses": samples,  # generated this step, over all processes: prompts x K
         "parse_fallbacks": total["fallbacks"],
         "response_tokens": total["response_tokens"],
+        # the step's sampling cost over all processes (mc samples continuations besides the
+        # responses): real tokens, each sequence up to and including its EOS
+        "continuations": total["continuations"],
+        "continuation_tokens": total["continuation_tokens"],
+        "generated_tokens": total["response_tokens"] + total["continuation_tokens"],
     }
     for key, value in total.items():
         if key.startswith("update:"):

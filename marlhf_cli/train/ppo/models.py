@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from ... import engine as eng
+import torch
+
+from ... import engine as eng, lora
+from .. import common
 from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from .generation import GenerationModel
@@ -17,23 +20,32 @@ from .settings import is_critic_free, micro_batch, optimizer_steps
 class Models:
     actor: Any  # DeepSpeed engine around the policy
     critic: Any  # DeepSpeed engine around TokenValues(reward-model copy); None for rloo/grpo
-    reference: Any  # frozen policy copy
+    reference: Any  # frozen policy copy; with LoRA the actor with its adapter off (lora.WithoutAdapter)
     reward: RewardFn
     tokenizer: Any
     device: Any
     sampler: GenerationModel  # the actor as a module that samples (a whole copy under ZeRO-3)
-
+    # with LoRA: how the actor and the critic export (merged weights and adapter/); None: as they are
+    actor_save: Callable | None = None
+    critic_save: Callable | None = None
 
 
 def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | None) -> Models:
     """Actor and critic engines (no critic for rloo/grpo), the frozen reference, the reward,
-    and the tokenizer."""
+    and the tokenizer.
+
+    With ``--lora-rank`` the actor and the critic get fresh adapters (B = 0), the reference
+    is the actor with its adapter off and, where the critic exists and the reward is the
+    reward model, the reward model is the critic with its adapter off (the critic starts from
+    it): two models' weights instead of four (marlhf_cli/lora.py).
+    """
     from ...models import load_causal_lm, load_reward_model, load_tokenizer
 
     tokenizer = load_tokenizer(policy, padding_side="left")
     dtype = config.dtype
+    adapted = lora.enabled(config)
     actor_model = load_causal_lm(policy, dtype=dtype)
-    reference = load_causal_lm(policy, dtype=dtype)
+    reference = None if adapted else load_causal_lm(policy, dtype=dtype)
     critic_model = None if is_critic_free(config) else load_reward_model(reward_model, dtype=dtype)
     for model in (actor_model, reference, critic_model):
         if model is not None:
@@ -41,6 +53,15 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
             model.config.pad_token_id = tokenizer.pad_token_id
     if critic_model is not None:
         _check_vocabulary(critic_model, tokenizer, reward_model, policy)
+    saves: dict[str, Callable | None] = {"actor_save": None, "critic_save": None}
+    if adapted:
+        actor_model = lora.add_adapters(actor_model, config, task="causal", base=policy)
+        common.say("actor: " + lora.trainable_summary(actor_model))
+        saves["actor_save"] = lora.merged_saver(lambda: load_causal_lm(policy, dtype=dtype))
+        if critic_model is not None:
+            critic_model = lora.add_adapters(critic_model, config, task="score", base=reward_model)
+            common.say("critic: " + lora.trainable_summary(critic_model))
+            saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype))
     total = optimizer_steps(config)
     actor = eng.build_engine(actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=total)
     critic = None
@@ -49,9 +70,14 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
             TokenValues(critic_model), config, lr=config.critic_lr, batch_size=config.mini_batch_size, total_steps=total
         )
     device = actor.device
-    reference.eval().requires_grad_(False)
-    reference.to("cpu" if config.offload_frozen else device)
-    if reward_fn is None:
+    if adapted:
+        reference = lora.WithoutAdapter(actor)
+    else:
+        reference.eval().requires_grad_(False)
+        reference.to("cpu" if config.offload_frozen else device)
+    if reward_fn is None and adapted and critic_model is not None:
+        reward_fn = BaseModelReward(critic_model, batch_size=micro_batch(config))
+    elif reward_fn is None:
         rm = load_reward_model(reward_model, dtype=dtype)
         _check_vocabulary(rm, tokenizer, reward_model, policy)
         disable_dropout(rm)
@@ -61,9 +87,23 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
     def whole_copy():
         model = load_causal_lm(policy, dtype=dtype)
         disable_dropout(model)
-        return model
+        return lora.add_adapters(model, config, task="causal") if adapted else model
 
-    return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy))
+    return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy), **saves)
+
+
+class BaseModelReward(RewardModelReward):
+    """The reward model a LoRA critic was initialised from: the critic with its adapter off
+    (its score head's original copy included), so no second copy of the reward model is held.
+    ``.model`` holds no weights of its own, so ``--offload-frozen`` never moves the critic."""
+
+    def __init__(self, critic_model, *, batch_size: int):
+        super().__init__(lora.WithoutAdapter(critic_model), batch_size=batch_size)
+
+    @torch.no_grad()
+    def __call__(self, batch):
+        with lora.adapter_off(self.model):
+            return super().__call__(batch)
 
 
 def _check_vocabulary(model, tokenizer, source: str, policy: str) -> None:

@@ -34,17 +34,29 @@ def _train_mean(rows: list[dict], key: str, last: int = 5) -> float | None:
 def summary_row(name: str, rows: list[dict]) -> dict:
     evals = [row for row in rows if row.get("split") == "eval"]
     steps = max((row.get("step", 0) for row in rows), default=0)
+    # the evaluation before training (step 0); with --eval-every 0 there is none
+    start = next((row["score"] for row in evals if row.get("step") == 0), None)
     return {
         "run": name,
         "steps": steps,
-        "eval_start": evals[0]["score"] if evals else None,
+        "eval_start": start,
         "eval_end": evals[-1]["score"] if evals else None,
         "eval_length": evals[-1].get("response_length") if evals else None,
         "train_score": _train_mean(rows, "score"),
         "kl": _train_mean(rows, "kl"),
         "segment_length": _train_mean(rows, "segment_length"),
         "seconds_per_step": _train_mean(rows, "step_time", last=10**9),
+        "generated_tokens": _generated_so_far(rows, steps),
     }
+
+
+def _generated_so_far(rows: list[dict], step: int) -> float | None:
+    """Tokens sampled by the training steps up to ``step`` (responses and mc's continuations;
+    evaluation not counted); None for metrics written before the count existed."""
+    train = [row for row in rows if row.get("split") == "train" and row.get("step", 0) <= step]
+    if any("generated_tokens" not in row for row in train):
+        return None
+    return float(sum(row["generated_tokens"] for row in train))
 
 
 def _table(title: str, summaries: Sequence[dict]):
@@ -53,14 +65,18 @@ def _table(title: str, summaries: Sequence[dict]):
     table = Table(title=title)
     # eval: mean held-out score before training and at the end; KL and segment length: mean
     # of the last 5 training steps
-    for label in ("run", "steps", "eval start", "eval end", "length", "KL", "seg len", "s/step"):
+    for label in ("run", "steps", "gen tokens", "eval start", "eval end", "length", "KL", "seg len", "s/step"):
         table.add_column(label, justify="left" if label == "run" else "right", no_wrap=True)
     for s in summaries:
+        generated = None if s["generated_tokens"] is None else f"{s['generated_tokens']:,.0f}"
         table.add_row(
-            s["run"], str(s["steps"]), _fmt(s["eval_start"]), _fmt(s["eval_end"]), _fmt(s["eval_length"], 1),
-            _fmt(s["kl"]), _fmt(s["segment_length"], 2), _fmt(s["seconds_per_step"], 2),
+            s["run"], str(s["steps"]), _fmt(generated), _fmt(s["eval_start"]), _fmt(s["eval_end"]),
+            _fmt(s["eval_length"], 1), _fmt(s["kl"]), _fmt(s["segment_length"], 2), _fmt(s["seconds_per_step"], 2),
         )  # fmt: skip
-    table.caption = "eval: mean held-out score; length: eval response tokens; KL, seg len: last 5 steps"
+    table.caption = (
+        "gen tokens: sampled in training (responses + mc's continuations); eval: mean held-out score; "
+        "length: eval response tokens; KL, seg len: last 5 steps"
+    )
     return table
 
 
@@ -72,8 +88,8 @@ def print_final_table(name: str, history: list[dict], metrics: dict) -> None:
 
 
 _DERIVED_NAME = re.compile(
-    r"(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|rloo|grpo)"
-    r"(?:-(?P<value>unit|position|first))?(?P<macro>-macro-ratio)?(?:-k(?P<k>\d+))?"
+    r"(?P<mc>mc-)?(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|rloo|grpo)"
+    r"(?:-(?P<value>unit|position|first))?(?:-m(?P<m>\d+))?(?:-b(?P<b>\d+))?(?P<macro>-macro-ratio)?(?:-k(?P<k>\d+))?"
 )
 
 
@@ -84,14 +100,22 @@ def options_for(name: str) -> str | None:
     if match is None:
         return None
     rule = match["rule"]
+    mc_parts = match["m"] or match["b"]
+    if match["mc"] and (rule in ("vanilla", "rloo", "grpo") or match["value"]) or (mc_parts and not match["mc"]):
+        return None  # not a name run_name makes
+    flags = ["--advantage mc"] if match["mc"] else []
     if rule in ("rloo", "grpo"):
-        flags = [f"--advantage {rule}"]
+        flags.append(f"--advantage {rule}")
     elif rule == "vanilla":
-        flags = ["--termination fixed --n 1"]
+        flags.append("--termination fixed --n 1")
     elif match["n"]:
-        flags = [f"--termination fixed --n {'inf' if match['n'] == '-inf' else match['n']}"]
+        flags.append(f"--termination fixed --n {'inf' if match['n'] == '-inf' else match['n']}")
     else:
-        flags = [f"--termination {rule}"]
+        flags.append(f"--termination {rule}")
+    if match["m"]:
+        flags.append(f"--mc-rollouts {match['m']}")
+    if match["b"]:
+        flags.append(f"--mc-max-boundaries {match['b']}")
     if match["value"]:
         flags.append(f"--value-function {match['value']}")
     if match["macro"]:
@@ -113,8 +137,13 @@ def read_run(run_dir: RunDir, name: str) -> list[dict]:
     return artifacts.read_jsonl(path)
 
 
-def plot_eval_curves(runs: dict[str, list[dict]], path: Path, metric: str = "score") -> Path:
-    """Eval ``metric`` against step, one line per run, on one figure."""
+def _x(rows: list[dict], row: dict, x_axis: str) -> float:
+    return row["step"] if x_axis == "step" else _generated_so_far(rows, row["step"])
+
+
+def plot_eval_curves(runs: dict[str, list[dict]], path: Path, metric: str = "score", x_axis: str = "step") -> Path:
+    """Eval ``metric`` against the step or the generated tokens so far (``x_axis``: step or
+    tokens), one line per run, on one figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,16 +151,16 @@ def plot_eval_curves(runs: dict[str, list[dict]], path: Path, metric: str = "sco
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for name, rows in runs.items():
-        points = [(r["step"], r[metric]) for r in rows if r.get("split") == "eval" and isinstance(r.get(metric), (int, float))]
+        points = [(_x(rows, r, x_axis), r[metric]) for r in rows if r.get("split") == "eval" and isinstance(r.get(metric), (int, float))]
         if not points:  # a run without evaluation: its training curve, dashed
-            points = [(r["step"], r[metric]) for r in rows if r.get("split") == "train" and isinstance(r.get(metric), (int, float))]
+            points = [(_x(rows, r, x_axis), r[metric]) for r in rows if r.get("split") == "train" and isinstance(r.get(metric), (int, float))]
             style = "--"
         else:
             style = "o-"
         if points:
             xs, ys = zip(*points)
             ax.plot(xs, ys, style, label=name, markersize=4)
-    ax.set_xlabel("PPO step")
+    ax.set_xlabel("PPO step" if x_axis == "step" else "generated tokens (responses + continuations)")
     ax.set_ylabel(f"held-out {metric}")
     ax.set_title(f"eval {metric}: " + ", ".join(runs))
     ax.grid(alpha=0.3)
@@ -140,7 +169,7 @@ def plot_eval_curves(runs: dict[str, list[dict]], path: Path, metric: str = "sco
     return artifacts.write_figure(path, fig)
 
 
-def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score") -> Path:
+def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score", x_axis: str = "step") -> Path:
     """``marlhf ppo --compare A B ...``: one figure of eval curves and one table."""
     from rich.console import Console
 
@@ -148,14 +177,22 @@ def compare(run_dir: str | Path, names: Sequence[str], metric: str = "score") ->
         raise UserError("--compare needs at least one run name")
     run = RunDir(run_dir)
     runs = {name: read_run(run, name) for name in names}
-    path = plot_eval_curves(runs, run.plot_path("ppo-compare-" + "-".join(names)), metric)
+    if x_axis == "tokens":
+        uncounted = [name for name, rows in runs.items() if summary_row(name, rows)["generated_tokens"] is None]
+        if uncounted:
+            raise UserError(
+                f"--x-axis tokens: the metrics of {', '.join(uncounted)} have no generated-token counts "
+                "(written before they were logged); use --x-axis step"
+            )
+    suffix = "" if x_axis == "step" else "-tokens"
+    path = plot_eval_curves(runs, run.plot_path("ppo-compare-" + "-".join(names) + suffix), metric, x_axis)
     Console(highlight=False).print(_table("ppo runs", [summary_row(n, rows) for n, rows in runs.items()]))
     Console(stderr=True, highlight=False).print(f"wrote {path}")
     return path
 
 
-def compare_command(run_dir: str | Path, names: Sequence[str], flag: bool) -> Path:
+def compare_command(run_dir: str | Path, names: Sequence[str], flag: bool, x_axis: str | None = None) -> Path:
     """Checks of the command line's shape, then :func:`compare`."""
     if not flag:
-        raise UserError(f"unexpected argument(s) {' '.join(names)}: run names go with --compare")
-    return compare(run_dir, names)
+        raise UserError(f"unexpected argument{'s' if len(names) > 1 else ''} {' '.join(names)}: run names go with --compare")
+    return compare(run_dir, names, x_axis=x_axis or "step")

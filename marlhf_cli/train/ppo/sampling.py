@@ -9,11 +9,14 @@ transformers versions and models (generation configs can carry their own tempera
 repetition penalty, or stop tokens).
 
 Randomness comes from the global torch generator, which the stage seeds per step, so a
-resumed run draws the same responses as an uninterrupted one.
+resumed run draws the same responses as an uninterrupted one; or, for the Monte-Carlo
+continuations, from random numbers given per row (``uniforms``), so that a row's draws do not
+depend on the other rows of its batch.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,16 +49,33 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def draw(probs: torch.Tensor) -> torch.Tensor:
+def draw(probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from ``probs`` (need not sum to 1): the inverse of the cumulative
     distribution at one uniform draw per row, the first token whose cumulative mass exceeds
     it. Summed in float64, so it is the categorical draw up to ~1e-12 of probability mass;
     a token of probability 0 is never drawn. One random number per row, not one per
     vocabulary entry: ~7x faster than an exponential race and ~7x faster than
-    ``torch.multinomial`` over a 50k vocabulary on a CPU, where the race was half of sampling."""
+    ``torch.multinomial`` over a 50k vocabulary on a CPU, where the race was half of sampling.
+    ``uniform``: [B] float64 draws in [0, 1) to use instead of the global generator's."""
     cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
-    point = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device) * cumulative[:, -1:]
+    if uniform is None:
+        uniform = torch.rand((probs.shape[0],), dtype=torch.float64, device=probs.device)
+    point = uniform.to(device=probs.device, dtype=torch.float64)[:, None] * cumulative[:, -1:]
     return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def cache_argument(net) -> str:
+    """The forward's name for the KV cache: ``cache`` in transformers releases that renamed it
+    (they warn on ``past_key_values``, and drop it in 5.40), ``past_key_values`` before
+    (5.17 has no ``cache``). A forward that names neither (a wrapper taking ``**kwargs``)
+    gets the name of the installed release's model outputs."""
+    parameters = inspect.signature(net.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def stops(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> torch.Tensor:
@@ -85,6 +105,9 @@ def sample(
     eos_token_id: int | Sequence[int],
     pad_token_id: int,
     with_logprobs: bool = False,
+    uniforms: torch.Tensor | None = None,
+    budgets: torch.Tensor | None = None,
+    repeats: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample responses for left-padded prompts: [B, T] ids, ``pad_token_id`` after EOS.
 
@@ -99,36 +122,54 @@ def sample(
     and top-p only decide which tokens can be drawn. These are the log-probs a separate
     forward over [prompt | response] would give, up to float rounding (KV-cached steps
     against one full pass), so the rollout need not run that forward.
+
+    ``uniforms``: [B, max_new_tokens] float64 random numbers in [0, 1), row b's draw at step t
+    being ``uniforms[b, t]`` (the Monte-Carlo continuations give each row its own seeded
+    numbers). ``budgets``: [B] the most tokens row b may draw (at most max_new_tokens); a
+    row that reaches its budget is finished, and its later columns are padding (the caller
+    masks them: without an EOS the mask cannot tell where the budget ended).
+    ``repeats``: sample each prompt that many times (rows b*repeats .. b*repeats + repeats-1
+    of the output, and of ``uniforms`` and ``budgets``), its prompt's forward run once and
+    its KV cache shared by the copies.
     """
     net = unwrap(model)
     was_training = net.training
     net.eval()
-    batch = prompt_ids.shape[0]
+    batch = prompt_ids.shape[0] * repeats
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
     mask = prompt_mask.long()
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     next_input = prompt_ids
     positions = position_ids_from_mask(mask)
+    cache_name = cache_argument(net)
     cache = None
     try:
-        for _ in range(params.max_new_tokens):
+        for step in range(params.max_new_tokens):
             out = net(
                 input_ids=next_input,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **({cache_name: cache} if cache is not None else {}),
             )
-            cache = out.past_key_values
+            # the output names it as the release does: reading the old name warns where it was renamed
+            cache = out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) else out.past_key_values
             logits = out.logits[:, -1].float() / params.temperature
-            token = draw(torch.softmax(filter_logits(logits, params.top_k, params.top_p), dim=-1))
+            if step == 0 and repeats > 1:  # the prompts were read once; each copy goes on alone
+                cache.batch_repeat_interleave(repeats)
+                logits = logits.repeat_interleave(repeats, dim=0)
+                mask = mask.repeat_interleave(repeats, dim=0)
+            uniform = None if uniforms is None else uniforms[:, step]
+            token = draw(torch.softmax(filter_logits(logits, params.top_k, params.top_p), dim=-1), uniform)
             if with_logprobs:  # of the unfiltered distribution, whatever top-k / top-p kept
                 logprobs.append(torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1))
             token = torch.where(finished, torch.full_like(token, pad_token_id), token)
             tokens.append(token)
             finished |= stops(token, eos_token_id)
+            if budgets is not None:
+                finished |= budgets.to(finished.device) <= step + 1
             if bool(finished.all()):
                 break
             # Tokens after a row's EOS are fed as real too: causal attention keeps them

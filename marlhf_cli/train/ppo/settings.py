@@ -15,7 +15,9 @@ from ...artifacts import RunDir
 from ...errors import UserError
 from ...macro.segmentation import missing_parser
 from ...rewards.function import is_function_spec
+from ...wording import count
 from . import credit
+from .estimators import ESTIMATORS, estimator_of, group_size
 from .rewards import RewardFn
 
 STAGE = "ppo"
@@ -28,43 +30,46 @@ def run_name(config) -> str:
             raise UserError(f"--name '{config.name}': use letters, digits, '.', '_' and '-' only")
         return config.name
     k = group_size(config)
+    estimator = estimator_of(config)
     suffix = "" if config.loss_aggregation == "token-mean" else f"-{config.loss_aggregation}"
-    suffix += "" if k == DEFAULT_GROUP_SIZE[config.advantage] else f"-k{k}"
-    if is_critic_free(config):
-        return config.advantage + ("" if config.ratio == "token" else f"-{config.ratio}-ratio") + suffix
+    suffix += "" if k == estimator.group_size else f"-k{k}"
+    ratio = "" if config.ratio == "token" else f"-{config.ratio}-ratio"
+    if not estimator.segments:
+        return config.advantage + ratio + suffix
     rule = credit.make_rule(config)
+    name = f"fixed{'-inf' if math.isinf(rule.n) else int(rule.n)}" if rule.name == "fixed" else rule.name
+    if estimator.name == "mc":  # mc-<rule>[-m<M>][-b<B>]: M and B set the cost
+        name = f"mc-{name}"
+        name += "" if config.mc_rollouts == 2 else f"-m{config.mc_rollouts}"
+        name += "" if config.mc_max_boundaries is None else f"-b{config.mc_max_boundaries}"
+        return name + ratio + suffix
     if credit.is_vanilla(rule):
         return "vanilla" + suffix
-    name = f"fixed{'-inf' if math.isinf(rule.n) else int(rule.n)}" if rule.name == "fixed" else rule.name
     if config.value_function != "equal":
         name += f"-{config.value_function}"
-    if config.ratio != "token":
-        name += f"-{config.ratio}-ratio"
-    return name + suffix
-
-
-# responses per prompt when --samples-per-prompt is not given
-DEFAULT_GROUP_SIZE = {"gae": 1, "rloo": 4, "grpo": 4}
+    return name + ratio + suffix
 
 
 def is_critic_free(config) -> bool:
-    """rloo and grpo: the baseline comes from the group, there is no critic."""
-    return config.advantage in ("rloo", "grpo")
+    """rloo, grpo, mc: the baseline comes from the group (and mc's values from sampling);
+    there is no critic."""
+    return not estimator_of(config).critic
 
 
-def group_size(config) -> int:
-    """K, the responses sampled per prompt (``--samples-per-prompt``, or the estimator's default)."""
-    return config.samples_per_prompt if config.samples_per_prompt is not None else DEFAULT_GROUP_SIZE[config.advantage]
-
-
-def check_critic_free_flags(config, critic_flags: Sequence[str]) -> None:
-    """A critic-free run given critic or macro-action flags on the command line is a user
-    error (those flags could only be silently ignored); values from a preset or a config file
-    simply do not apply, and the start-up line says what runs."""
-    if is_critic_free(config) and critic_flags:
+def check_critic_free_flags(config, given_flags: Sequence[str]) -> None:
+    """Estimator-specific flags given on the command line to an estimator that does not read
+    them (critic or macro-action flags with rloo/grpo, critic flags with mc, mc's flags with
+    the others) are a user error: they could only be silently ignored. Values from a preset or
+    a config file simply do not apply, and the start-up line says what runs."""
+    estimator = estimator_of(config)
+    ignored = [flag for flag in given_flags if flag[2:].replace("-", "_") not in estimator.reads]
+    if ignored:
+        fields = [flag[2:].replace("-", "_") for flag in ignored]
+        readers = [e.name for e in ESTIMATORS.values() if all(f in e.reads for f in fields)]
         raise UserError(
-            f"--advantage {config.advantage} trains no critic and assigns credit per response: "
-            f"{', '.join(critic_flags)} do not apply (drop them, or use --advantage gae)"
+            f"--advantage {config.advantage} {estimator.what_it_is}: {', '.join(ignored)} "
+            f"{'does' if len(ignored) == 1 else 'do'} not apply (drop {'it' if len(ignored) == 1 else 'them'}, "
+            f"or use --advantage {readers[0] if readers else 'gae'})"
         )
 
 
@@ -73,17 +78,7 @@ REWARDS = ("model", "apps")
 
 def describe(config, rule) -> str:
     """The start-up line's account of what this run does (also run.json's credit_assignment)."""
-    k = group_size(config)
-    aggregation = "" if config.loss_aggregation == "token-mean" else f", {config.loss_aggregation} loss"
-    if config.advantage == "rloo":
-        what = f"RLOO (no critic: {k} responses per prompt, leave-one-out baseline, KL penalty in the reward"
-    elif config.advantage == "grpo":
-        what = f"GRPO (no critic: {k} responses per prompt, group-normalised score, KL loss k3 x {config.kl_coef:g}"
-    else:
-        per_prompt = f", {k} responses per prompt" if k > 1 else ""
-        return credit.describe(rule, config.value_function, config.ratio) + per_prompt + aggregation
-    ratio = "one ratio per response" if config.ratio == "macro" else "token ratios"
-    return what + f"; {ratio}{aggregation}; termination rules and value functions do not apply)"
+    return estimator_of(config).describe(config, rule, group_size(config))
 
 
 def reward_kind(config) -> str:
@@ -134,13 +129,13 @@ def check_options(config) -> None:
     if k < (2 if is_critic_free(config) else 1):
         least = "2 (a group baseline needs other responses)" if is_critic_free(config) else "1"
         raise UserError(f"--samples-per-prompt must be at least {least} with --advantage {config.advantage}, got {k}")
-    missing = None if is_critic_free(config) else missing_parser(rule)  # before any model is loaded
+    missing = missing_parser(rule) if estimator_of(config).segments else None  # before any model is loaded
     if missing:
         raise UserError(f"--termination parsing needs a parser: {missing}")
     processes = eng.world_size()
     if responses_per_step(config) % config.mini_batch_size:
         raise UserError(
-            f"the {responses_per_step(config)} responses of a step (--rollout-batch-size {config.rollout_batch_size} x "
+            f"the {count(responses_per_step(config), 'response')} of a step (--rollout-batch-size {config.rollout_batch_size} x "
             f"--samples-per-prompt {k}) must be a multiple of --mini-batch-size {config.mini_batch_size}"
         )
     if config.rollout_batch_size % processes:

@@ -1,0 +1,198 @@
+"""The advantage estimators of ``marlhf ppo --advantage``: one registry, one signature.
+
+Steps 4-5 of Algorithm 1 (credit assignment) are ``estimator.assign(experience, inputs)``
+whatever the estimator: it fills the experience's ``segment_ids``, ``advantages``,
+``returns`` (None without a critic) and ``segment_stats``. Everything else that differs
+between estimators is data on its :class:`Estimator` entry, read where the stage needs it:
+whether a critic is built (models, checkpoints, export), whether a termination rule cuts the
+responses (the parse pool), where the KL to the reference goes (reward or loss), the default
+group size and which estimator-specific options it reads. A new estimator is one function
+and one :func:`register` line (the pattern of verl's ``core_algos`` registry).
+
+=====  ======  ========  ===========  ===================================================
+name   critic  segments  KL           advantage of a token of response i
+=====  ======  ========  ===========  ===================================================
+gae    yes     rule      reward (k1)  segment GAE over the critic's values (MA-PPO; PPO at n=1)
+rloo   no      one       reward (k1)  R_i - mean of the group's other R (R = score - beta KL)
+grpo   no      one       loss (k3)    (score_i - group mean) / (group std + eps)
+mc     no      rule      loss (k3)    V(s_{k+1}) - V(s_k), V from sampled continuations
+=====  ======  ========  ===========  ===================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ...macro import PendingSegments, TerminationRule, boundary_plan, cap_segments, mc_advantages
+from . import credit
+from .continuations import continuation_seed, sample_continuations
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .experience import Experience
+
+
+@dataclass
+class CreditInputs:
+    """What an estimator may read besides the experience."""
+
+    ctx: "Context"  # the config, models, termination rule, rollout settings and parse pool
+    step: int  # 0-based, for seeds
+    sample_numbers: Sequence[int]  # the global number of every response (seeds per sample)
+    sampler: Any = None  # the module that sampled the responses (mc samples continuations with it)
+    pending: PendingSegments | None = None  # a text rule's parse started when the responses existed
+
+
+AssignFn = Callable[["Experience", CreditInputs], None]
+
+# options that only some estimators read; a run given one its estimator does not read on the
+# command line stops with a one-line error (settings.check_estimator_flags)
+RULE_OPTIONS = ("termination", "n", "cutoff")
+CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range")
+MC_OPTIONS = ("mc_rollouts", "mc_max_boundaries")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    name: str
+    assign: AssignFn
+    critic: bool  # a critic is built, trained, checkpointed and exported
+    segments: bool  # a termination rule cuts the responses into macro actions
+    kl_in_loss: bool  # beta * k3 KL added to the loss instead of -beta * KL in the reward
+    group_size: int  # default K (--samples-per-prompt); without a critic K must be >= 2
+    reads: tuple[str, ...]  # of RULE_OPTIONS + CRITIC_OPTIONS + MC_OPTIONS
+    describe: Callable[[Any, TerminationRule, int], str]  # (config, rule, K) -> the start-up line
+    what_it_is: str  # for the error naming options it does not read
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register(name: str, **entry: Any) -> Callable[[AssignFn], AssignFn]:
+    """Decorator: add the function as estimator ``name`` with ``entry``'s fields."""
+
+    def add(assign: AssignFn) -> AssignFn:
+        if name in ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered twice")
+        ESTIMATORS[name] = Estimator(name=name, assign=assign, **entry)
+        return assign
+
+    return add
+
+
+def estimator_of(config) -> Estimator:
+    """The entry of ``--advantage`` (checked against the registry's names when resolved)."""
+    try:
+        return ESTIMATORS[config.advantage]
+    except KeyError:
+        raise ValueError(f"no advantage estimator called {config.advantage!r}; choose one of {', '.join(ESTIMATORS)}") from None
+
+
+def _ratio(config, unit: str) -> str:
+    """How the policy loss is formed: its ratios, and its aggregation when not the default."""
+    return (f"one ratio per {unit}" if config.ratio == "macro" else "token ratios") + _aggregation(config)
+
+
+def _aggregation(config) -> str:
+    return "" if config.loss_aggregation == "token-mean" else f", {config.loss_aggregation} loss"
+
+
+@register(
+    "gae", critic=True, segments=True, kl_in_loss=False, group_size=1, reads=RULE_OPTIONS + CRITIC_OPTIONS,
+    what_it_is="samples no continuations",
+    describe=lambda config, rule, k: credit.describe(rule, config.value_function, config.ratio)
+    + (f", {k} responses per prompt" if k > 1 else "") + _aggregation(config),
+)  # fmt: skip
+def gae(experience, inputs: CreditInputs) -> None:
+    """Macro actions from the termination rule, GAE over them with the critic's values."""
+    ctx, config = inputs.ctx, inputs.ctx.config
+    credit.assign_credit(
+        experience, ctx.rule, tokenizer=ctx.models.tokenizer, gamma=config.gamma, lam=config.lam,
+        value_function=config.value_function, whiten_advantages=config.whiten_advantages,
+        sample_seeds=inputs.sample_numbers, executor=ctx.executor, pending=inputs.pending,
+    )  # fmt: skip
+
+
+_GROUP = "termination rules and value functions do not apply"
+
+
+@register(
+    "rloo", critic=False, segments=False, kl_in_loss=False, group_size=4, reads=(),
+    what_it_is="trains no critic and assigns credit per response",
+    describe=lambda config, rule, k: f"RLOO (no critic: {k} responses per prompt, leave-one-out baseline, "
+    f"KL penalty in the reward; {_ratio(config, 'response')}; {_GROUP})",
+)  # fmt: skip
+def rloo(experience, inputs: CreditInputs) -> None:
+    """One advantage per response: its KL-penalised reward minus the group's others' mean."""
+    config = inputs.ctx.config
+    credit.assign_group_credit(experience, "rloo", group_size(config), whiten_advantages=config.whiten_advantages)
+
+
+@register(
+    "grpo", critic=False, segments=False, kl_in_loss=True, group_size=4, reads=(),
+    what_it_is="trains no critic and assigns credit per response",
+    describe=lambda config, rule, k: f"GRPO (no critic: {k} responses per prompt, group-normalised score, "
+    f"KL loss k3 x {config.kl_coef:g}; {_ratio(config, 'response')}; {_GROUP})",
+)  # fmt: skip
+def grpo(experience, inputs: CreditInputs) -> None:
+    """One advantage per response: its score normalised within the group."""
+    config = inputs.ctx.config
+    credit.assign_group_credit(experience, "grpo", group_size(config), whiten_advantages=config.whiten_advantages)
+
+
+def _describe_mc(config, rule: TerminationRule, k: int) -> str:
+    cap = "" if config.mc_max_boundaries is None else f", at most {config.mc_max_boundaries} boundaries per response"
+    return (
+        f"Monte-Carlo segment advantages (no critic: macro actions {credit.rule_summary(rule)}{cap}; "
+        f"{config.mc_rollouts} continuations per boundary; {k} responses per prompt, leave-one-out baseline at "
+        f"the prompt; KL loss k3 x {config.kl_coef:g}; {_ratio(config, 'segment')})"
+    )
+
+
+@register(
+    "mc", critic=False, segments=True, kl_in_loss=True, group_size=4, reads=RULE_OPTIONS + MC_OPTIONS,
+    what_it_is="trains no critic", describe=_describe_mc,
+)  # fmt: skip
+def mc(experience, inputs: CreditInputs) -> None:
+    """Macro actions from the rule (capped at --mc-max-boundaries); each boundary's value the
+    mean score of --mc-rollouts continuations sampled from it (docs/method.md "Monte-Carlo
+    segment advantages"); segment k's advantage V(s_{k+1}) - V(s_k)."""
+    ctx, config, models = inputs.ctx, inputs.ctx.config, inputs.ctx.models
+    mask = experience.mask
+    rule_ids, rule_stats = credit.segment_responses(
+        experience, ctx.rule, tokenizer=models.tokenizer, sample_seeds=inputs.sample_numbers, executor=ctx.executor,
+        pending=inputs.pending,
+    )  # fmt: skip
+    segment_ids = cap_segments(rule_ids, mask, config.mc_max_boundaries)
+    plan = boundary_plan(segment_ids, mask)
+    rollouts = config.mc_rollouts
+    seeds = [
+        continuation_seed(config.seed, inputs.step, inputs.sample_numbers[row], position, rollout)
+        for row, position in zip(plan.rows.tolist(), plan.positions.tolist())
+        for rollout in range(rollouts)
+    ]
+    continuations = sample_continuations(
+        inputs.sampler if inputs.sampler is not None else models.sampler.model(), models.tokenizer, models.reward,
+        experience, plan, ctx.rollout, rollouts=rollouts, seeds=seeds, rows_per_batch=experience.batch_size * rollouts,
+    )  # fmt: skip
+    advantages = mc_advantages(experience.scores, group_size(config), continuations.scores, plan, segment_ids, mask)
+    advantages = advantages.to(device=mask.device, dtype=experience.rewards.dtype)
+    if config.whiten_advantages:
+        advantages = credit.whiten(advantages, mask)
+    experience.segment_ids = segment_ids
+    experience.advantages = advantages
+    experience.returns = None
+    experience.segment_stats = dataclasses.replace(rule_stats, segments=int(plan.segments.sum()))
+    experience.continuations = len(plan) * rollouts
+    experience.continuation_tokens = continuations.tokens
+    experience.continuation_seconds = continuations.seconds
+
+
+def group_size(config) -> int:
+    """K, the responses sampled per prompt (``--samples-per-prompt``, or the estimator's default)."""
+    if config.samples_per_prompt is not None:
+        return config.samples_per_prompt
+    return estimator_of(config).group_size
+

@@ -1,0 +1,79 @@
+"""A run whose stderr is a log file: progress lines appear while it runs (not only at the
+end), and Ctrl-C records "interrupted" in run.json with exit code 130."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _toy_prefs import write_toy_preferences
+from marlhf_cli.train.progress import LogLines, due
+
+
+def test_a_line_is_due_at_the_first_step_every_n_steps_or_seconds_and_at_the_end():
+    lines, last, clock = [], None, 0.0
+    for step in range(1, 101):
+        clock += 0.5 if step < 50 else 30.0  # steps get slow halfway
+        if due(step, last, clock - (lines[-1][1] if lines else 0.0), 100, every_steps=20, every_seconds=60):
+            lines.append((step, clock))
+            last = step
+    steps = [s for s, _ in lines]
+    assert steps[:3] == [1, 21, 41]  # every 20 steps while fast
+    assert steps[3:6] == [51, 53, 55]  # every 60 s once a step takes 30 s
+    assert steps[-1] == 100
+
+
+def test_log_lines_are_plain_and_name_step_total_and_metrics(tmp_path):
+    log = (tmp_path / "log").open("w")
+    lines = LogLines("sft", 40, 0, stream=log)
+    for step in range(1, 41):
+        lines.advance(step, {"loss": 9.634123, "lr": 0.001})
+    log.close()
+    text = (tmp_path / "log").read_text().splitlines()
+    assert [line.split()[2] for line in text] == [f"{s}/40" for s in (1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 40)]
+    assert text[0].startswith("sft step 1/40 (2%), 0:00:00 elapsed") and text[0].endswith(": loss 9.634  lr 0.001")
+    assert "\x1b" not in "".join(text)  # no terminal control codes in a log
+
+
+def _env() -> dict:
+    from marlhf_cli import engine as eng
+
+    env = eng.launcher_free_env()
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", COLUMNS="80")
+    return env
+
+
+@pytest.mark.slow
+def test_a_logged_run_shows_progress_and_ctrl_c_marks_it_interrupted(tmp_path):
+    data = write_toy_preferences(tmp_path / "prefs.jsonl")
+    run_dir, log_path = tmp_path / "run", tmp_path / "sft.log"
+    command = [sys.executable, "-m", "marlhf_cli.cli", "sft", "--model", "tiny", "--dataset", str(data),
+               "--run-dir", str(run_dir), "--batch-size", "2", "--max-steps", "400", "--eval-every", "0",
+               "--save-every", "0", "--max-prompt-length", "16", "--max-response-length", "8"]  # fmt: skip
+    with log_path.open("w") as log:
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=_env(), cwd=tmp_path)
+        try:
+            deadline = time.time() + 240
+            while time.time() < deadline and child.poll() is None and "sft step 21/400" not in log_path.read_text():
+                time.sleep(0.1)
+            assert child.poll() is None, log_path.read_text()[-2000:]
+            # written while the run goes on: what a killed run's log keeps
+            running = log_path.read_text()
+            assert "sft step 1/400 (0%)" in running and "sft step 21/400 (5%)" in running, running[-2000:]
+            assert json.loads((run_dir / "run.json").read_text())["stages"]["sft"]["status"] == "running"
+            child.send_signal(signal.SIGINT)
+            assert child.wait(timeout=120) == 130
+        finally:
+            if child.poll() is None:
+                child.kill()
+    text = log_path.read_text()
+    assert "━" not in text and "\x1b" not in text  # no bar drawn into the file
+    assert text.rstrip().endswith("interrupted (sft marked so in run.json)"), text[-1000:]
+    entry = json.loads((run_dir / "run.json").read_text())["stages"]["sft"]
+    assert entry["status"] == "interrupted" and entry["inputs"]["train_records"] > 0  # the rest of the entry stays
