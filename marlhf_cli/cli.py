@@ -330,7 +330,10 @@ def passk(
 
 
 def main() -> None:
-    app()
+    from .engine import relaunched_argv
+
+    argv = relaunched_argv()  # a process of a --nproc relaunch: its arguments come from the environment
+    app(args=argv) if argv is not None else app()
 
 
 if __name__ == "__main__":

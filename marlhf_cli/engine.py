@@ -199,14 +199,29 @@ def strip_nproc(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def relaunch_command(nproc: int, argv: Sequence[str]) -> list[str]:
-    """The torchrun command line that runs ``marlhf <argv>`` in ``nproc`` processes."""
+RELAUNCH_ARGV = "MARLHF_RELAUNCH_ARGV"  # the command's arguments, for the processes torchrun starts
+
+
+def relaunch_command(nproc: int) -> list[str]:
+    """The torchrun command line that runs ``marlhf`` in ``nproc`` processes.
+
+    The command's own arguments travel in the environment (:data:`RELAUNCH_ARGV`, read back
+    by :func:`relaunched_argv`), not after the module name: torchrun's parser takes a
+    ``--n 3`` there for an abbreviation of its own ``--nnodes``/``--nproc_per_node``.
+    """
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1", "--nproc_per_node", str(nproc),
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        "-m", "marlhf_cli.cli", *strip_nproc(argv),
+        "-m", "marlhf_cli.cli",
     ]  # fmt: skip
+
+
+def relaunched_argv() -> list[str] | None:
+    """In a process :func:`maybe_relaunch` started, the command's arguments (once: the
+    variable is removed, so the process's own children do not inherit them); else None."""
+    value = os.environ.pop(RELAUNCH_ARGV, None)
+    return None if value is None else json.loads(value)
 
 
 def maybe_relaunch(nproc: int, argv: Sequence[str] | None = None) -> int | None:
@@ -221,7 +236,8 @@ def maybe_relaunch(nproc: int, argv: Sequence[str] | None = None) -> int | None:
         argv = sys.argv[1:]
     env = launcher_free_env()
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    return subprocess.call(relaunch_command(nproc, argv), env=env)
+    env[RELAUNCH_ARGV] = json.dumps(strip_nproc(argv))
+    return subprocess.call(relaunch_command(nproc), env=env)
 
 
 # ---------------------------------------------------------------------------------------

@@ -105,6 +105,30 @@ def test_segment_stats_tables_at_80_columns(capsys, monkeypatch):
         assert figure in out, figure
 
 
+def test_ppo_final_table_at_80_columns(capsys, monkeypatch):
+    """Nine columns (gen tokens came with mc): every header and figure whole; a long run name
+    folds onto more lines rather than cutting a figure."""
+    monkeypatch.setenv("COLUMNS", "80")
+    from rich.console import Console
+
+    from marlhf_cli.train.ppo import report
+
+    rows = [
+        {"step": 0, "split": "eval", "score": -0.0123, "response_length": 24.0},
+        {"step": 60, "split": "train", "score": 0.5, "kl": -0.0041, "segment_length": 3.0, "step_time": 12.34,
+         "generated_tokens": 12345678},
+        {"step": 60, "split": "eval", "score": -11.2345, "response_length": 124.0},
+    ]  # fmt: skip
+    summaries = [report.summary_row(name, rows) for name in ("mc-fixed8-m4-b3-sequence-mean-k8", "vanilla")]
+    Console().print(report._table("ppo: final evaluation", summaries))
+    out = capsys.readouterr().out
+    _no_cuts(out)
+    for figure in ("12,345,678", "-0.012", "-11.235", "124.0", "-0.004", "3.00", "12.34", "vanilla", "mc-fixed8"):
+        assert figure in out, figure
+    for header in ("steps", "tokens", "start", "length", "KL", "s/step"):
+        assert header in out, header
+
+
 def test_bon_table_at_80_columns(capsys, monkeypatch):
     """The README's example (--n 4,8,16,32 --temperature 0.2,0.6,1.0): every figure whole on one line."""
     monkeypatch.setenv("COLUMNS", "80")

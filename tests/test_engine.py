@@ -10,6 +10,7 @@ import copy
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,10 +122,28 @@ def test_optimizer_is_torch_adamw_without_decay_on_norms_and_biases():
 def test_nproc_relaunch_command_strips_nproc():
     argv = ["sft", "--nproc", "2", "--zero-stage", "3", "--nproc=4", "--model", "tiny"]
     assert eng.strip_nproc(argv) == ["sft", "--zero-stage", "3", "--model", "tiny"]
-    command = eng.relaunch_command(2, argv)
+    command = eng.relaunch_command(2)
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc_per_node") + 1] == "2"
-    assert command[-7:] == ["-m", "marlhf_cli.cli", "sft", "--zero-stage", "3", "--model", "tiny"]
+    assert command[-2:] == ["-m", "marlhf_cli.cli"]
+
+
+def test_nproc_relaunch_passes_the_arguments_past_torchruns_parser(monkeypatch):
+    """torchrun's parser took `--n 3` after the module for an abbreviation of its --nnodes
+    (ambiguous option): the arguments go through the environment instead."""
+    from torch.distributed.run import get_args_parser
+
+    argv = ["ppo", "--n", "3", "--nproc", "2", "--max-steps", "2"]
+    calls = []
+    monkeypatch.setattr(eng, "launched", lambda: False)
+    monkeypatch.setattr(eng.subprocess, "call", lambda command, env: calls.append((command, env)) or 0)
+    assert eng.maybe_relaunch(2, argv) == 0
+    (command, env), = calls
+    parsed = get_args_parser().parse_args(command[3:])  # what torchrun reads: no error
+    assert parsed.module and parsed.training_script == "marlhf_cli.cli" and parsed.training_script_args == []
+    monkeypatch.setenv(eng.RELAUNCH_ARGV, env[eng.RELAUNCH_ARGV])
+    assert eng.relaunched_argv() == ["ppo", "--n", "3", "--max-steps", "2"]
+    assert eng.RELAUNCH_ARGV not in os.environ and eng.relaunched_argv() is None
 
 
 def test_single_process_variables_do_not_leak_into_children(monkeypatch):

@@ -353,3 +353,49 @@ def test_zero3_over_two_processes_trains_and_exports_the_adapters(tmp_path):
     adapted = PeftModel.from_pretrained(load_causal_lm("tiny"), folder / lora.ADAPTER_DIR)
     assert _max_difference(merged, _causal_logp(adapted, ids, mask)) <= 1e-5
     assert _max_difference(merged, _causal_logp(load_causal_lm("tiny"), ids, mask)) > 1e-4  # it trained
+
+
+@pytest.mark.slow
+def test_a_chat_model_with_lora_on_a_conversational_file_end_to_end(tmp_path):
+    """What a practitioner runs (issue #25): SmolLM2-135M-Instruct's real weights and chat
+    template, a conversational preference file, sft -> rm -> ppo each with --lora-rank 8. The
+    instruct model already ends its turns with <|im_end|>: sampling stops there and the
+    reward is read there; every export is merged weights with the adapter beside it."""
+    pytest.importorskip("gguf")
+    from marlhf_cli.artifacts import read_jsonl
+    from transformers import AutoModelForCausalLM
+
+    colours = {"sky": "Blue", "grass": "Green", "snow": "White", "coal": "Black", "blood": "Red", "a banana": "Yellow"}
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Answer in one word: what colour is {thing}?" + " Thanks!" * i}],
+         "chosen": [{"role": "assistant", "content": f"{colour}."}],
+         "rejected": [{"role": "assistant", "content": f"I am not sure what colour {thing} is, sorry."}]}
+        for i in range(6) for thing, colour in colours.items()
+    ]  # fmt: skip
+    data = tmp_path / "colours.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = tmp_path / "run"
+    common = ["--dataset", str(data), "--run-dir", str(run), "--lora-rank", "8", "--save-every", "0", "--dtype", "fp32",
+              "--max-prompt-length", "96"]  # fmt: skip
+    for stage in (
+        ["sft", "--model", "smollm2-135m", "--max-steps", "2", "--batch-size", "4", "--eval-records", "0",
+         "--max-response-length", "16"],
+        ["rm", "--max-steps", "2", "--batch-size", "4", "--eval-records", "0", "--max-response-length", "16"],
+        ["ppo", "--max-steps", "1", "--rollout-batch-size", "4", "--mini-batch-size", "4", "--max-new-tokens", "24",
+         "--eval-prompts", "4", "--eval-every", "0", "--temperature", "0.7"],
+    ):  # fmt: skip
+        result = _invoke(*stage, *common)
+        assert result.exit_code == 0, result.output
+    stages = json.loads((run / "run.json").read_text())["stages"]
+    for stage in ("sft", "rm", "ppo/fixed5"):
+        assert stages[stage]["status"] == "finished"
+        assert stages[stage]["inputs"]["chat_template"]["end"] == "<|im_end|>"
+        assert stages[stage]["inputs"]["chat_template"]["prompt"].endswith("<|im_start|>assistant\n")
+    for folder in ("sft", "rm", "ppo/fixed5", "ppo/fixed5/critic"):
+        assert (run / folder / "adapter" / "adapter_config.json").is_file(), folder
+    AutoModelForCausalLM.from_pretrained(run / "ppo" / "fixed5")  # merged weights, no peft needed
+    samples = read_jsonl(run / "samples" / "fixed5.jsonl")
+    assert samples and all(s["response"].strip() for s in samples)
+    # the instruct model ends its turns itself, on <|im_end|>, the template's stop token (a
+    # 135M model may also ramble past 24 tokens: one stop is what the test can rely on)
+    assert any(s["eos"] for s in samples), samples

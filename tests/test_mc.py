@@ -389,7 +389,7 @@ def test_mc_on_two_processes_counts_every_continuation(tmp_path):
             "--nproc", "2", "--zero-stage", "2"]  # fmt: skip  (fixed n = 5: torchrun would take "--n" for its own)
     done = subprocess.run(argv, env=environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 process(es)" in done.stderr
+    assert "2 processes" in done.stderr
     train = [r for r in read_jsonl(tmp_path / "metrics" / "ppo-mc-fixed5-k2.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
     for row in train:

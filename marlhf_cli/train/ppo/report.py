@@ -60,13 +60,17 @@ def _generated_so_far(rows: list[dict], step: int) -> float | None:
 
 
 def _table(title: str, summaries: Sequence[dict]):
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title)
+    # no vertical rules and two-line headers: nine columns fit 80 terminal columns whole (a long
+    # run name folds onto a second line; figures never do)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     # eval: mean held-out score before training and at the end; KL and segment length: mean
     # of the last 5 training steps
-    for label in ("run", "steps", "gen tokens", "eval start", "eval end", "length", "KL", "seg len", "s/step"):
-        table.add_column(label, justify="left" if label == "run" else "right", no_wrap=True)
+    table.add_column("run", overflow="fold", min_width=10)
+    for label in ("steps", "gen\ntokens", "eval\nstart", "eval\nend", "eval\nlength", "KL", "seg\nlen", "s/step"):
+        table.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
         generated = None if s["generated_tokens"] is None else f"{s['generated_tokens']:,.0f}"
         table.add_row(
@@ -75,7 +79,7 @@ def _table(title: str, summaries: Sequence[dict]):
         )  # fmt: skip
     table.caption = (
         "gen tokens: sampled in training (responses + mc's continuations); eval: mean held-out score; "
-        "length: eval response tokens; KL, seg len: last 5 steps"
+        "eval length: eval response tokens; KL, seg len: last 5 steps"
     )
     return table
 
