@@ -239,6 +239,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after one counted, untimed step)")
+    parser.add_argument("--advantage", default="gae", help="gae (vanilla PPO), rloo, grpo or mc")
+    parser.add_argument("--samples-per-prompt", type=int, default=None, help="K: --batch responses = batch/K prompts x K")
+    parser.add_argument("--prefill-per-copy", action="store_true",
+                        help="read a group's prompt K times (as before the shared prefill), for the A/B comparison")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     H.add_device_args(parser)
     args = parser.parse_args()
@@ -254,12 +258,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="marlhf-roofline-"))
     policy, reward = build_models(work, args)
     data = dict(dataset="hh", data_file=str(H.HH_HELPFUL)) if H.HH_HELPFUL.is_file() else dict(dataset="hh")
+    k = args.samples_per_prompt or 1
+    group = {"samples_per_prompt": k} if args.samples_per_prompt else {}
+    rule = {"termination": "fixed", "n": 1} if args.advantage == "gae" else {}
     config = H.ppo_config(
-        work / "run", policy=policy, reward_model=reward, **data, max_records=200,
-        rollout_batch_size=args.batch, mini_batch_size=args.batch, max_new_tokens=args.new_tokens,
+        work / "run", policy=policy, reward_model=reward, **data, max_records=200, advantage=args.advantage, **group, **rule,
+        rollout_batch_size=args.batch // k, mini_batch_size=args.batch, max_new_tokens=args.new_tokens,
         max_prompt_length=args.prompt_tokens, actor_lr=0.0, critic_lr=0.0, dtype=args.dtype,
-        termination="fixed", n=1, eval_every=0, eval_prompts=0, save_every=0, seed=0, max_steps=args.steps + 1,
+        eval_every=0, eval_prompts=0, save_every=0, seed=0, max_steps=args.steps + 1,
     )  # fmt: skip
+    if args.prefill_per_copy:
+        from marlhf_cli.train.ppo import experience
+
+        experience._run_length = lambda prompts: 1
     ctx, source = build_context(config)
     net = ctx.models.actor.module
     sizes = model_sizes(net)
