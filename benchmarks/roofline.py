@@ -243,6 +243,7 @@ def main() -> None:
     parser.add_argument("--samples-per-prompt", type=int, default=None, help="K: --batch responses = batch/K prompts x K")
     parser.add_argument("--prefill-per-copy", action="store_true",
                         help="read a group's prompt K times (as before the shared prefill), for the A/B comparison")
+    parser.add_argument("--zero-stage", type=int, default=0, help="the engines' ZeRO stage (one process)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     H.add_device_args(parser)
     args = parser.parse_args()
@@ -265,7 +266,7 @@ def main() -> None:
         work / "run", policy=policy, reward_model=reward, **data, max_records=200, advantage=args.advantage, **group, **rule,
         rollout_batch_size=args.batch // k, mini_batch_size=args.batch, max_new_tokens=args.new_tokens,
         max_prompt_length=args.prompt_tokens, actor_lr=0.0, critic_lr=0.0, dtype=args.dtype,
-        eval_every=0, eval_prompts=0, save_every=0, seed=0, max_steps=args.steps + 1,
+        eval_every=0, eval_prompts=0, save_every=0, seed=0, max_steps=args.steps + 1, zero_stage=args.zero_stage,
     )  # fmt: skip
     if args.prefill_per_copy:
         from marlhf_cli.train.ppo import experience
