@@ -44,17 +44,10 @@ BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def cpu_flags() -> list[str]:
-    """The flags of BF16_FLAGS this CPU has (from /proc/cpuinfo; empty where it is absent)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return [f for f in BF16_FLAGS if f in flags]
+    """The flags of BF16_FLAGS this CPU has (what ``--dtype auto`` reads too)."""
+    from marlhf_cli.precision import cpu_flags as all_flags
+
+    return [f for f in BF16_FLAGS if f in all_flags()]
 
 
 def _best_seconds(fn, repeats: int = 5, min_seconds: float = 0.05) -> float:
