@@ -119,7 +119,8 @@ def machine_line(args: argparse.Namespace | None = None) -> str:
 
 
 def ppo_config(run_dir: str | Path, **flags):
-    """A PPOConfig from flags, as ``marlhf ppo`` would resolve them (no preset, no file).
+    """A PPOConfig from flags, as ``marlhf ppo`` would resolve them (no preset, no file), in
+    fp32 unless ``dtype`` is given.
 
     The paper's shares by default, also for :func:`write_prompts`' prompt/completion files
     (which ``ppo`` would otherwise sample from whole): the prompts the recorded results used."""
@@ -127,6 +128,9 @@ def ppo_config(run_dir: str | Path, **flags):
 
     flags.setdefault("run_dir", str(run_dir))
     flags.setdefault("split_shares", "20/40/40")
+    # fp32 unless the benchmark says otherwise: ``auto`` would make a study's runs depend on
+    # the machine they happen to run on (bf16 on a CPU with avx512_bf16, fp32 elsewhere)
+    flags.setdefault("dtype", "fp32")
     return config_module.resolve("ppo", flags=flags)
 
 

@@ -85,6 +85,9 @@ def main() -> None:
     trl_ppo.forward = marked_forward
 
     transformers.utils.logging.set_verbosity_error()
+    # bf16: weights, gradients and AdamW states in bf16 (what loading a model in bf16 and
+    # bf16=True gives); bf16-mixed: fp32 weights and optimizer, bf16 autocast (accelerate's
+    # mixed precision), the like of marlhf's bf16 with its fp32 master weights
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(args.policy, padding_side="left")
     if tokenizer.pad_token is None:
@@ -106,7 +109,7 @@ def main() -> None:
         response_length=args.new_tokens, temperature=args.temperature, stop_token="eos",
         kl_coef=0.05, kl_estimator="k1", cliprange=0.2, cliprange_value=0.2, gamma=1.0, lam=0.95,
         learning_rate=1.5e-5, num_sample_generations=0, report_to=[], save_strategy="no",
-        logging_steps=1, disable_tqdm=True, bf16=args.dtype == "bf16", fp16=False, seed=0,
+        logging_steps=1, disable_tqdm=True, bf16=args.dtype in ("bf16", "bf16-mixed"), fp16=False, seed=0,
         use_cpu=args.device == "cpu", dataloader_num_workers=0,
     )  # fmt: skip
     marks: list[float] = []

@@ -3,7 +3,8 @@
     python3 -m venv benchmarks/.venv-trl \\
       && benchmarks/.venv-trl/bin/pip install torch==2.13.0 && benchmarks/.venv-trl/bin/pip install trl==1.12.0
     python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--threads 1] [--device cpu|cuda] [--dtype fp32|bf16]
-                                [--hidden 256 --layers 4 | --model smollm2-135m] [--marlhf-dtype bf16] [--no-shipped]
+                                [--hidden 256 --layers 4 | --model smollm2-135m] [--marlhf-dtype bf16]
+                                [--trl-dtype fp32|bf16|bf16-mixed] [--batch 8] [--new-tokens 64] [--no-shipped]
                                 [--trl-python PYTHON] [--json FILE] [--flops]
 
 TRL removed PPO in 1.13, so TRL runs from its own virtualenv (``--trl-python``, default
@@ -172,11 +173,12 @@ def run_tool(tool: str, work: Path, args, index: int) -> dict:
     common = ["--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device, "--out", str(out)]
     if tool == "marlhf":
         command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work), "--dtype", args.marlhf_dtype or args.dtype,
-                   "--prompt-tokens", str(args.prompt_tokens), *common]  # fmt: skip
+                   "--prompt-tokens", str(args.prompt_tokens), "--batch", str(SETTINGS["batch"]),
+                   "--new-tokens", str(SETTINGS["new_tokens"]), *common]  # fmt: skip
     else:
         command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
-                   "--batch", str(SETTINGS["batch"]), "--new-tokens", str(SETTINGS["new_tokens"]), "--dtype", args.dtype,
+                   "--batch", str(SETTINGS["batch"]), "--new-tokens", str(SETTINGS["new_tokens"]), "--dtype", args.trl_dtype or args.dtype,
                    "--temperature", str(SETTINGS["temperature"]), "--gc", "noop" if tool == "trl-core" else "shipped",
                    *common]  # fmt: skip
     started = time.perf_counter()
@@ -199,12 +201,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, alternating")
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=SETTINGS["batch"], help="responses per step (default %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=SETTINGS["new_tokens"], help="response length limit (default %(default)s)")
     parser.add_argument("--model", default=None, help="real weights for policy, reference, value and reward base "
                         "(e.g. smollm2-135m; same tokenizer); default: a random-init Llama of --hidden/--layers")
     parser.add_argument("--hidden", type=int, default=None, help="model width (default: the tiny alias, 64)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the tiny alias, 2)")
     parser.add_argument("--marlhf-dtype", choices=("fp32", "bf16"), default=None,
                         help="marlhf's dtype when it differs from TRL's (--dtype), e.g. marlhf bf16 against TRL fp32")
+    parser.add_argument("--trl-dtype", choices=("fp32", "bf16", "bf16-mixed"), default=None,
+                        help="TRL's precision when it differs from --dtype: bf16 = bf16 weights, gradients and AdamW "
+                        "states (loading the models in bf16 with bf16=True); bf16-mixed = fp32 weights and optimizer "
+                        "under bf16 autocast, the like of marlhf's bf16 (fp32 master weights)")
     parser.add_argument("--no-shipped", action="store_true", help="skip the runs of TRL as shipped (gc.collect on)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
                         help="an interpreter with trl 1.12.0 (default: benchmarks/.venv-trl; python3 where TRL is installed beside marlhf)")
@@ -215,6 +223,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     H.add_device_args(parser)
     args = parser.parse_args()
+    SETTINGS.update(batch=args.batch, new_tokens=args.new_tokens)
     if args.marlhf_worker:
         return marlhf_worker(args)
     if not args.trl_python.is_file():
@@ -235,7 +244,7 @@ def main() -> None:
     print(f"# {args.model or 'random-init Llama'}, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
           f"batch {SETTINGS['batch']}, {SETTINGS['new_tokens']} new tokens, prompts of {args.prompt_tokens} tokens, "
           f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; "
-          f"marlhf {args.marlhf_dtype or args.dtype}, TRL {args.dtype}; work dir {work}")  # fmt: skip
+          f"marlhf {args.marlhf_dtype or args.dtype}, TRL {args.trl_dtype or args.dtype}; work dir {work}")  # fmt: skip
     print("# trl-core: TRL with gc.collect() made a no-op in its process (TRL calls it twice per step; not PPO work); "
           "trl-shipped: TRL as installed")  # fmt: skip
     results: dict[str, list[dict]] = {tool: [] for tool in tools}
@@ -250,7 +259,7 @@ def main() -> None:
 
         write_json(args.json, {"machine": H.machine_line(args), "model": args.model, "params": info["params"],
                                "settings": SETTINGS, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-                               "dtype": {"marlhf": args.marlhf_dtype or args.dtype, "trl": args.dtype},
+                               "dtype": {"marlhf": args.marlhf_dtype or args.dtype, "trl": args.trl_dtype or args.dtype},
                                "tools": {tool: {"step_median": statistics.median([t for r in runs for t in r["step_times"][args.warmup:]]),
                                                 "tokens_per_step": statistics.mean(tokens_of(r) for r in runs),
                                                 "runs": runs, **figures.get(tool, {})}

@@ -67,7 +67,7 @@ class EngineConfig:
     """DeepSpeed engine options shared by the training stages."""
 
     zero_stage: int = 0
-    dtype: str = "fp32"  # fp32 | bf16 (fp16 is not supported on the CPU)
+    dtype: str = "auto"  # auto | fp32 | bf16: auto = bf16 where the hardware multiplies bf16 fast (precision.py)
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False
@@ -265,7 +265,7 @@ class PassKConfig(CommonConfig):
     memory_mb: int = 1024  # ours: address-space limit per test
     workers: int | None = None  # parallel test processes; default: CPU count
     max_tests: int | None = None  # tests per problem; None = all
-    dtype: str = "fp32"
+    dtype: str = "auto"  # as EngineConfig.dtype
 
 
 STAGES: dict[str, type] = {

@@ -9,6 +9,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# --dtype auto (the default) means fp32 in tests whatever the CPU: the suite's figures and
+# exactness checks must not depend on the machine (tests/test_precision.py tests "auto")
+os.environ.setdefault("MARLHF_AUTO_DTYPE", "fp32")
 
 import pytest
 

@@ -53,6 +53,8 @@ CASES = [
     pytest.param(dict(termination="fixed", n=5, rollout_batch_size=16), "fixed5", id="fixed5"),
     pytest.param(dict(advantage="rloo", rollout_batch_size=4), "rloo", id="rloo"),
     pytest.param(dict(advantage="grpo", rollout_batch_size=4), "grpo", id="grpo"),
+    # bf16 compute with fp32 master weights (--dtype bf16, what auto picks on fast-bf16 hardware)
+    pytest.param(dict(termination="fixed", n=5, rollout_batch_size=16, dtype="bf16"), "fixed5", id="fixed5-bf16"),
     pytest.param(dict(advantage="mc", termination="fixed", n=4, rollout_batch_size=4), "mc-fixed4", id="mc"),
 ]
 

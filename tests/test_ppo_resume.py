@@ -53,18 +53,22 @@ def kill_once_saved(proc: subprocess.Popen, marker: Path) -> None:
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])  # bit-exact within a precision (bf16: fp32 masters restored too)
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path, dtype):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = subprocess.run(command(straight), env=environment(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command(straight, "--dtype", dtype), env=environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
     proc = subprocess.Popen(
-        command(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        command(killed, "--dtype", dtype), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     kill_once_saved(proc, killed / "ppo" / NAME / "checkpoints" / "critic" / "latest")
     assert not (killed / "ppo" / NAME / "config.json").exists()
 
-    resumed = subprocess.run(command(killed, "--resume"), env=environment(), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        command(killed, "--dtype", dtype, "--resume"), env=environment(), capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming at step" in resumed.stderr
     assert metrics(killed) == metrics(straight)

@@ -232,6 +232,40 @@ def test_the_sampling_pass_gives_the_forwards_log_probs(models, top_k, top_p):
     assert (logp[real] < -1e-3).all()  # real log-probs, not zeros; unfiltered: below 0 even with top-k 5
 
 
+@pytest.mark.parametrize(
+    "prompts, expected",
+    [
+        (["a", "a", "b", "b"], 2), (["a"] * 4 + ["b"] * 4, 4), (["a", "b", "c"], 1), (["a", "a", "b"], 1),
+        (["a", "a", "b", "b", "b"], 1), (["a", "a", "a", "a"], 4), (["a", "a", "b", "b", "b", "b"], 2), ([], 1),
+    ],
+)  # fmt: skip
+def test_prompts_in_equal_runs_are_found(prompts, expected):
+    from marlhf_cli.train.ppo.experience import _run_length
+
+    assert _run_length(prompts) == expected
+
+
+def test_a_group_reads_its_prompt_once_and_samples_what_k_copies_would(models, monkeypatch):
+    """rloo/grpo/mc's K responses per prompt: the prompt's prefill runs once and its KV cache
+    serves the K rows; the tokens drawn are those of K separate copies, the log-probs equal to
+    float rounding."""
+    from marlhf_cli.train.ppo import experience
+
+    tok, actor = models["tokenizer"], models["actor"]
+    settings = RolloutSettings(temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=10, max_prompt_length=32)
+    prompts = ["x"] * 4 + ["a much longer prompt than x"] * 4
+    torch.manual_seed(5)
+    grouped = experience._generate(actor, tok, prompts, settings, device="cpu", with_logprobs=True)
+    monkeypatch.setattr(experience, "_run_length", lambda prompts: 1)
+    torch.manual_seed(5)
+    copies = experience._generate(actor, tok, prompts, settings, device="cpu", with_logprobs=True)
+    for index in range(5):  # prompt ids, prompt mask, response ids, mask, has_eos
+        assert torch.equal(grouped[index], copies[index]), index
+    real = grouped[3].bool()
+    assert torch.allclose(grouped[5][real], copies[5][real], atol=1e-5, rtol=0)
+    assert len({tuple(row.tolist()) for row in grouped[2][:4]}) > 1  # the copies went their own ways
+
+
 def test_draw_is_the_categorical_distribution():
     torch.manual_seed(0)
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.15, 0.05, 0.0]]).repeat(40000, 1)

@@ -32,4 +32,4 @@ TimeLimit = Annotated[Optional[float], _opt("--time-limit", "Wall-clock seconds 
 MemoryMb = Annotated[Optional[int], _opt("--memory-mb", "Address-space limit per test run, in MiB. [default: 1024]")]
 Workers = Annotated[Optional[int], _opt("--workers", "Test processes run in parallel. [default: the number of CPUs]")]
 MaxTests = Annotated[Optional[int], _opt("--max-tests", "Run at most this many tests per problem (APPS test problems can have hundreds). [default: all]")]
-Dtype = Annotated[Optional[str], _opt("--dtype", "Model weights: fp32 or bf16. [default: fp32]")]
+Dtype = Annotated[Optional[str], _opt("--dtype", "Model weights: auto (bf16 where the hardware multiplies bf16 fast, as for training), fp32 or bf16. [default: auto]")]

@@ -142,6 +142,7 @@ def run(config) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from .. import precision
     from ..chat import ChatFormat
     from ..evaluate.bon import resolve_policy
     from ..seeding import derived_seed
@@ -168,6 +169,9 @@ def run(config) -> dict[str, Any]:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(policy, padding_side="left")
+    config.dtype, why = precision.resolve(config.dtype)
+    if why is not None:
+        console.print(f"precision: {config.dtype} (--dtype auto: {why})", highlight=False, soft_wrap=True)
     model = load_causal_lm(policy, dtype=config.dtype)
     disable_dropout(model)
     model.eval().requires_grad_(False).to(device)

@@ -22,11 +22,23 @@ def start(config: Any) -> None:
     if code is not None:
         raise SystemExit(code)
     eng.init_distributed(config.debug)
+    resolve_dtype(config)
     eng.set_seed(config.seed)
     if not config.debug:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # "Writing model shards" bars between our own lines
+
+
+def resolve_dtype(config: Any) -> None:
+    """``--dtype auto`` becomes fp32 or bf16 for this machine's device, and the user is told
+    which and why. Resolved before anything is fingerprinted, so resuming on a machine where
+    ``auto`` means something else is refused like any other changed option."""
+    from .. import precision
+
+    config.dtype, why = precision.resolve(config.dtype)
+    if why is not None:
+        say(f"precision: {config.dtype} (--dtype auto: {why})")
 
 
 def say(message: str) -> None:

@@ -69,7 +69,7 @@ PackingOption = Annotated[
 
 # engine ----------------------------------------------------------------------------------
 ZeroStageOption = Annotated[Optional[int], _opt("--zero-stage", "DeepSpeed ZeRO stage 0, 1, 2 or 3. [default: 0]")]
-DtypeOption = Annotated[Optional[str], _opt("--dtype", "Training precision: fp32 or bf16 (fp16 does not run on the CPU). [default: fp32]")]
+DtypeOption = Annotated[Optional[str], _opt("--dtype", "Training precision: auto (bf16 where the hardware multiplies bf16 fast: CUDA compute capability >= 8, CPUs with amx_bf16 or avx512_bf16; fp32 elsewhere; the start-up line says which), fp32 or bf16 (bf16 compute, fp32 master weights and optimizer states). [default: auto]")]
 GradAccumOption = Annotated[
     Optional[int], _opt("--gradient-accumulation-steps", "Micro-batches per optimizer step in each process. [default: 1]")
 ]

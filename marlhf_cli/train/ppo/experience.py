@@ -171,16 +171,33 @@ def generate(model, tokenizer, prompts: Sequence[str], settings: RolloutSettings
 
 
 def _generate(model, tokenizer, prompts, settings: RolloutSettings, *, device, with_logprobs: bool = False):
-    """:func:`generate`, plus the sampled tokens' log-probs (or None) as a sixth item."""
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, settings.max_prompt_length, device)
+    """:func:`generate`, plus the sampled tokens' log-probs (or None) as a sixth item.
+
+    Prompts that come in equal runs (rloo/grpo/mc's K responses per prompt, bon's samples)
+    are read once per run: the sampler copies a prompt's KV cache to its K rows (``repeats``)
+    instead of running the same prefill K times; the draws are the same."""
+    repeats = _run_length(prompts)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts[::repeats], settings.max_prompt_length, device)
     stop = (tokenizer.eos_token_id, *settings.stop_token_ids)
     sampled = sample(
         model, prompt_ids, prompt_mask, settings.sampling,
-        eos_token_id=stop, pad_token_id=tokenizer.pad_token_id, with_logprobs=with_logprobs,
+        eos_token_id=stop, pad_token_id=tokenizer.pad_token_id, with_logprobs=with_logprobs, repeats=repeats,
     )
+    if repeats > 1:
+        prompt_ids, prompt_mask = prompt_ids.repeat_interleave(repeats, dim=0), prompt_mask.repeat_interleave(repeats, dim=0)
     response_ids, logprobs = sampled if with_logprobs else (sampled, None)
     mask, has_eos = response_mask(response_ids, stop)
     return prompt_ids, prompt_mask, response_ids, mask, has_eos, logprobs
+
+
+def _run_length(prompts: Sequence[str]) -> int:
+    """r when ``prompts`` is runs of r equal prompts (r >= 1, each run's prompt may repeat in
+    the next run), else 1."""
+    run = next((i for i, prompt in enumerate(prompts) if prompt != prompts[0]), len(prompts))
+    if run < 2 or len(prompts) % run:
+        return 1
+    starts = range(0, len(prompts), run)
+    return run if all(prompts[j] == prompts[start] for start in starts for j in range(start, start + run)) else 1
 
 
 def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos) -> ScoringBatch:
