@@ -33,6 +33,7 @@ from typing import Any, Iterator, Sequence
 
 from .accepts import check_fields
 from .config import TEMPLATES_DIR
+from . import precision
 from .errors import UserError
 
 DEEPSPEED_TEMPLATES = TEMPLATES_DIR / "deepspeed"
@@ -279,7 +280,7 @@ def deepspeed_config(config: Any, *, batch_size: int, processes: int | None = No
         "train_micro_batch_size_per_gpu": micro_batch_size(batch_size, config.gradient_accumulation_steps, processes),
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "gradient_clipping": float(config.max_grad_norm or 0.0),
-        "bf16.enabled": config.dtype == "bf16",
+        "bf16.enabled": precision.resolve(config.dtype)[0] == "bf16",  # 'auto' as the models resolve it
         "zero_optimization.offload_optimizer.device": "cpu" if config.offload_optimizer else "none",
         "zero_optimization.offload_param.device": "cpu" if config.offload_params else "none",
         "zero_optimization.stage3_param_persistence_threshold": 10 * hidden,

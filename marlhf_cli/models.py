@@ -242,6 +242,10 @@ def resolve_model_path(name: str) -> str:
 def _dtype(dtype: str | None):
     import torch
 
+    from .precision import resolve
+
+    if dtype == "auto":  # a stage resolves it at start-up; code that builds models itself gets the same answer
+        dtype = resolve(dtype)[0]
     return {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 

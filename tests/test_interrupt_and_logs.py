@@ -57,7 +57,10 @@ def test_a_logged_run_shows_progress_and_ctrl_c_marks_it_interrupted(tmp_path):
                "--run-dir", str(run_dir), "--batch-size", "2", "--max-steps", "400", "--eval-every", "0",
                "--save-every", "0", "--max-prompt-length", "16", "--max-response-length", "8"]  # fmt: skip
     with log_path.open("w") as log:
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=_env(), cwd=tmp_path)
+        # SIGINT as at a terminal: a shell's background job starts with SIGINT ignored, and
+        # Python then installs no KeyboardInterrupt handler (the suite run as `... &`)
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=_env(), cwd=tmp_path,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         try:
             deadline = time.time() + 240
             while time.time() < deadline and child.poll() is None and "sft step 21/400" not in log_path.read_text():
