@@ -31,9 +31,9 @@ import sys
 import warnings
 from typing import Any, Iterator, Sequence
 
+from . import precision
 from .accepts import check_fields
 from .config import TEMPLATES_DIR
-from . import precision
 from .errors import UserError
 
 DEEPSPEED_TEMPLATES = TEMPLATES_DIR / "deepspeed"
