@@ -70,8 +70,9 @@ def cpu_model() -> str:
 
 def cpu_flags() -> str:
     """The CPU's vector and matrix extensions (what decides its bf16 and fp32 speed)."""
-    flags = (_lscpu("flags") or "").split()
-    wanted = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sve", "asimd"))]
+    from marlhf_cli.precision import cpu_flags as all_flags  # what --dtype auto reads
+
+    wanted = sorted(f for f in all_flags() if f.startswith(("avx", "amx", "fma", "f16c", "sve", "asimd")))
     return " ".join(wanted) or "none of avx/amx/fma/sve listed"
 
 
