@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from typing import Any, Iterator, Sequence
 from . import precision
 from .accepts import check_fields
 from .config import TEMPLATES_DIR
-from .errors import UserError
+from .errors import Terminated, UserError
 
 DEEPSPEED_TEMPLATES = TEMPLATES_DIR / "deepspeed"
 LAUNCHER_VARS = ("LOCAL_RANK", "WORLD_SIZE", "RANK")
@@ -118,11 +119,32 @@ def init_distributed(debug: bool = False) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    # DeepSpeed prints a line per process while it loads its shared-memory op; keep stdout
-    # for what the user asked for (a failure still raises with its message).
+    # keep stdout for what the user asked for (a failure still raises with its message)
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink if not debug else sys.stdout):
+    with contextlib.redirect_stdout(sink if not debug else sys.stdout), _without_shm_op():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=debug)
+
+
+def _without_shm_op() -> contextlib.AbstractContextManager:
+    """Start DeepSpeed's process group without its shared-memory all-reduce op.
+
+    On a CPU, DeepSpeed JIT-compiles that C++ op when the process group starts (30-90 s on a
+    fresh machine) although only its inference tensor-parallel all-reduce uses it; training's
+    collectives go through torch.distributed. The build also holds a lock file in
+    ~/.cache/torch_extensions: a process killed meanwhile (Ctrl-C in the first run) leaves it
+    behind, and every later run waits on it forever without a word. Without the op DeepSpeed
+    takes its own fallback (``shm_comm_op`` None), as on machines where the op cannot build.
+    """
+    import importlib
+    from unittest import mock
+
+    try:  # by module path: the attribute deepspeed.comm.torch is the torch package itself
+        ds_torch = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(ds_torch, "build_shm_op"):  # a DeepSpeed that no longer builds it at start-up
+        return contextlib.nullcontext()
+    return mock.patch.object(ds_torch, "build_shm_op", lambda: None)
 
 
 def rank() -> int:
@@ -238,7 +260,20 @@ def maybe_relaunch(nproc: int, argv: Sequence[str] | None = None) -> int | None:
     env = launcher_free_env()
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env[RELAUNCH_ARGV] = json.dumps(strip_nproc(argv))
-    return subprocess.call(relaunch_command(nproc), env=env)
+    with subprocess.Popen(relaunch_command(nproc), env=env) as launcher:
+        try:
+            return launcher.wait()
+        except KeyboardInterrupt as stop:
+            # Ctrl-C at a terminal reached torchrun too (one process group); a SIGTERM may have
+            # reached only this process: pass it on, so that torchrun stops its workers and each
+            # marks the run interrupted, rather than leaving them running without a parent
+            if isinstance(stop, Terminated):
+                launcher.send_signal(signal.SIGTERM)
+            try:
+                launcher.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+            raise
 
 
 # ---------------------------------------------------------------------------------------

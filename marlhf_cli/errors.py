@@ -22,6 +22,12 @@ class UserCodeError(UserError):
         self.details = details
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's time limit or preemption, ``kill``, torchrun stopping its
+    workers), raised where the process stands so it ends as Ctrl-C does: run.json says
+    "interrupted" rather than "running", with the shell's exit code for SIGTERM."""
+
+
 def where(path: object = None, line: int | None = None, field: str | None = None) -> str:
     """Format a location prefix such as ``data.jsonl:12: field 'chosen'``."""
     parts = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -19,7 +20,7 @@ except ImportError:  # an older typer on the real click
     from click.exceptions import NoArgsIsHelpError, UsageError
 
 from . import config as config_module
-from .errors import UserError
+from .errors import Terminated, UserError
 
 console = Console(stderr=True)
 
@@ -120,12 +121,35 @@ def _usage_error(err: UsageError) -> None:
     fail(err.format_message() + where)
 
 
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _on_sigterm() -> Any:
+    """Handle SIGTERM as an interruption, unless someone chose otherwise (an ignored SIGTERM
+    stays ignored, as does a handler a library or a test installed). Returns what to restore."""
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _raise_terminated)
+        return previous
+    except ValueError:  # not the main thread (a command invoked from a worker thread): leave it
+        return None
+
+
+def _restore_sigterm(previous: Any) -> None:
+    if previous is not None:  # a command called in-process (a test, a library) leaves no handler behind
+        signal.signal(signal.SIGTERM, previous)
+
+
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn :class:`UserError` (and unreadable input) into one line and exit code 2."""
+    """Turn :class:`UserError` (and unreadable input) into one line and exit code 2; Ctrl-C
+    and SIGTERM into "interrupted" in run.json and exit code 130 or 143."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = bool(kwargs.get("debug")) or "--debug" in sys.argv
+        previous = _on_sigterm()
         try:
             return command(*args, **kwargs)
         except UserError as err:
@@ -133,12 +157,18 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             if details and not debug:
                 print(details, file=sys.stderr)
             fail(str(err), debug)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             from .artifacts import mark_interrupted
 
+            if previous is not None:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the record short
             stages = mark_interrupted()
-            console.print("interrupted" + (f" ({', '.join(stages)} marked so in run.json)" if stages else ""), style="yellow")
-            raise typer.Exit(code=130) from None
+            terminated = isinstance(stop, Terminated)
+            marked = f" ({', '.join(stages)} marked {'interrupted' if terminated else 'so'} in run.json)" if stages else ""
+            console.print(("terminated" if terminated else "interrupted") + marked, style="yellow")
+            raise typer.Exit(code=128 + signal.SIGTERM if terminated else 130) from None
+        finally:
+            _restore_sigterm(previous)
 
     return wrapper
 

@@ -160,6 +160,20 @@ def test_single_process_variables_do_not_leak_into_children(monkeypatch):
     assert eng.maybe_relaunch(1) is None
 
 
+def test_starting_the_process_group_compiles_no_deepspeed_op(tmp_path):
+    """DeepSpeed would JIT-compile its shared-memory op here (30-90 s on a fresh machine, and a
+    lock file that hangs every later run if this one is killed during the build)."""
+    env = eng.launcher_free_env()
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")
+    code = ("import torch; from marlhf_cli import engine; engine.init_distributed(); "
+            "print(torch.distributed.is_initialized(), torch.distributed.get_world_size())")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "1"]
+    built = sorted(p.name for p in (tmp_path / "extensions").rglob("*")) if (tmp_path / "extensions").exists() else []
+    assert built == [], built
+
+
 # ---------------------------------------------------------------------------------------
 # checkpoints (in this process, one rank)
 

@@ -1,5 +1,6 @@
 """A run whose stderr is a log file: progress lines appear while it runs (not only at the
-end), and Ctrl-C records "interrupted" in run.json with exit code 130."""
+end), and Ctrl-C or SIGTERM (a scheduler's time limit) records "interrupted" in run.json, with
+exit code 130 or 143."""
 
 from __future__ import annotations
 
@@ -79,3 +80,55 @@ def test_a_logged_run_shows_progress_and_ctrl_c_marks_it_interrupted(tmp_path):
     assert text.rstrip().endswith("interrupted (sft marked so in run.json)"), text[-1000:]
     entry = json.loads((run_dir / "run.json").read_text())["stages"]["sft"]
     assert entry["status"] == "interrupted" and entry["inputs"]["train_records"] > 0  # the rest of the entry stays
+
+
+def _sigterm_after_first_step(tmp_path, *extra: str) -> tuple[int, str, dict]:
+    data = write_toy_preferences(tmp_path / "prefs.jsonl")
+    run_dir, log_path = tmp_path / "run", tmp_path / "sft.log"
+    command = [sys.executable, "-m", "marlhf_cli.cli", "sft", "--model", "tiny", "--dataset", str(data),
+               "--run-dir", str(run_dir), "--batch-size", "2", "--max-steps", "400", "--eval-every", "0",
+               "--save-every", "0", "--max-prompt-length", "16", "--max-response-length", "8", *extra]  # fmt: skip
+    with log_path.open("w") as log:
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=_env(), cwd=tmp_path)
+        try:
+            deadline = time.time() + 240
+            while time.time() < deadline and child.poll() is None and "sft step 1/400" not in log_path.read_text():
+                time.sleep(0.1)
+            assert child.poll() is None, log_path.read_text()[-2000:]
+            child.send_signal(signal.SIGTERM)  # to this process only, as `kill PID` does
+            code = child.wait(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    return code, log_path.read_text(), json.loads((run_dir / "run.json").read_text())["stages"]["sft"]
+
+
+@pytest.mark.slow
+def test_sigterm_marks_the_run_interrupted_and_exits_143(tmp_path):
+    """What a batch scheduler does at a job's time limit: SIGTERM, then SIGKILL a while later."""
+    code, log, entry = _sigterm_after_first_step(tmp_path)
+    assert code == 143, log[-2000:]
+    assert log.rstrip().endswith("terminated (sft marked interrupted in run.json)"), log[-2000:]
+    assert entry["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_sigterm_to_an_nproc_run_reaches_its_workers(tmp_path):
+    """``--nproc 2``: the signal goes to the process the user started, which passes it to
+    torchrun, which stops its workers; they mark the run (not left running without a parent)."""
+    code, log, entry = _sigterm_after_first_step(tmp_path, "--nproc", "2")
+    assert code == 143, log[-2000:]
+    assert entry["status"] == "interrupted", log[-2000:]
+    assert entry["inputs"]["processes"] == 2
+
+
+def test_a_command_run_in_process_leaves_sigterm_as_it_found_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    before = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(app, ["segment", "-", "--rule", "fixed", "--n", "2"], input="one two three four")
+    assert result.exit_code == 0, result.output
+    assert "@@" in result.output
+    assert signal.getsignal(signal.SIGTERM) is before
