@@ -136,7 +136,21 @@ def test_nproc_relaunch_passes_the_arguments_past_torchruns_parser(monkeypatch):
     argv = ["ppo", "--n", "3", "--nproc", "2", "--max-steps", "2"]
     calls = []
     monkeypatch.setattr(eng, "launched", lambda: False)
-    monkeypatch.setattr(eng.subprocess, "call", lambda command, env: calls.append((command, env)) or 0)
+
+    class Launcher:  # stands in for subprocess.Popen: records what torchrun would be given
+        def __init__(self, command, env):
+            calls.append((command, env))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(eng.subprocess, "Popen", Launcher)
     assert eng.maybe_relaunch(2, argv) == 0
     (command, env), = calls
     parsed = get_args_parser().parse_args(command[3:])  # what torchrun reads: no error
