@@ -330,7 +330,7 @@ def passk(
 
 
 def main() -> None:
-    from .engine import relaunched_argv
+    from .launch import relaunched_argv
 
     argv = relaunched_argv()  # a process of a --nproc relaunch: its arguments come from the environment
     app(args=argv) if argv is not None else app()

@@ -1,4 +1,4 @@
-"""DeepSpeed engine: config templates, schedule, relaunch, checkpoints, and multi-process ZeRO.
+"""DeepSpeed engine: config templates, schedule, relaunch (launch.py), checkpoints, and multi-process ZeRO.
 
 The multi-process test runs ``marlhf sft --nproc 2`` (torchrun, gloo, CPU) with ZeRO-2 and
 ZeRO-3 and compares the loss trajectory with one process doing the same global batch.
@@ -19,6 +19,7 @@ import pytest
 
 from _toy_prefs import write_toy_preferences
 from marlhf_cli import engine as eng
+from marlhf_cli import launch
 from marlhf_cli.config import EngineConfig, SFTConfig
 from marlhf_cli.errors import UserError
 
@@ -121,8 +122,8 @@ def test_optimizer_is_torch_adamw_without_decay_on_norms_and_biases():
 
 def test_nproc_relaunch_command_strips_nproc():
     argv = ["sft", "--nproc", "2", "--zero-stage", "3", "--nproc=4", "--model", "tiny"]
-    assert eng.strip_nproc(argv) == ["sft", "--zero-stage", "3", "--model", "tiny"]
-    command = eng.relaunch_command(2)
+    assert launch.strip_nproc(argv) == ["sft", "--zero-stage", "3", "--model", "tiny"]
+    command = launch.relaunch_command(2)
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc_per_node") + 1] == "2"
     assert command[-2:] == ["-m", "marlhf_cli.cli"]
@@ -135,7 +136,7 @@ def test_nproc_relaunch_passes_the_arguments_past_torchruns_parser(monkeypatch):
 
     argv = ["ppo", "--n", "3", "--nproc", "2", "--max-steps", "2"]
     calls = []
-    monkeypatch.setattr(eng, "launched", lambda: False)
+    monkeypatch.setattr(launch, "launched", lambda: False)
 
     class Launcher:  # stands in for subprocess.Popen: records what torchrun would be given
         def __init__(self, command, env):
@@ -150,34 +151,34 @@ def test_nproc_relaunch_passes_the_arguments_past_torchruns_parser(monkeypatch):
         def wait(self, timeout=None):
             return 0
 
-    monkeypatch.setattr(eng.subprocess, "Popen", Launcher)
-    assert eng.maybe_relaunch(2, argv) == 0
+    monkeypatch.setattr(launch.subprocess, "Popen", Launcher)
+    assert launch.maybe_relaunch(2, argv) == 0
     (command, env), = calls
     parsed = get_args_parser().parse_args(command[3:])  # what torchrun reads: no error
     assert parsed.module and parsed.training_script == "marlhf_cli.cli" and parsed.training_script_args == []
-    monkeypatch.setenv(eng.RELAUNCH_ARGV, env[eng.RELAUNCH_ARGV])
-    assert eng.relaunched_argv() == ["ppo", "--n", "3", "--max-steps", "2"]
-    assert eng.RELAUNCH_ARGV not in os.environ and eng.relaunched_argv() is None
+    monkeypatch.setenv(launch.RELAUNCH_ARGV, env[launch.RELAUNCH_ARGV])
+    assert launch.relaunched_argv() == ["ppo", "--n", "3", "--max-steps", "2"]
+    assert launch.RELAUNCH_ARGV not in os.environ and launch.relaunched_argv() is None
 
 
 def test_single_process_variables_do_not_leak_into_children(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", eng.SELF_LAUNCHED):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", launch.SELF_LAUNCHED):
         monkeypatch.delenv(name, raising=False)
-    assert not eng.launched()
+    assert not launch.launched()
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert eng.launched()  # a real launcher's variables
-    monkeypatch.setenv(eng.SELF_LAUNCHED, "1")
-    assert not eng.launched()  # ours
-    assert "RANK" not in eng.launcher_free_env()
-    assert eng.maybe_relaunch(1) is None
+    assert launch.launched()  # a real launcher's variables
+    monkeypatch.setenv(launch.SELF_LAUNCHED, "1")
+    assert not launch.launched()  # ours
+    assert "RANK" not in launch.launcher_free_env()
+    assert launch.maybe_relaunch(1) is None
 
 
 def test_starting_the_process_group_compiles_no_deepspeed_op(tmp_path):
     """DeepSpeed would JIT-compile its shared-memory op here (30-90 s on a fresh machine, and a
     lock file that hangs every later run if this one is killed during the build)."""
-    env = eng.launcher_free_env()
+    env = launch.launcher_free_env()
     env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")
     code = ("import torch; from marlhf_cli import engine; engine.init_distributed(); "
             "print(torch.distributed.is_initialized(), torch.distributed.get_world_size())")  # fmt: skip
@@ -259,7 +260,7 @@ def test_checkpoints_are_complete_or_ignored(tmp_path):
 
 
 def _child_env() -> dict:
-    env = eng.launcher_free_env()
+    env = launch.launcher_free_env()
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     return env
 

@@ -42,9 +42,9 @@ def test_log_lines_are_plain_and_name_step_total_and_metrics(tmp_path):
 
 
 def _env() -> dict:
-    from marlhf_cli import engine as eng
+    from marlhf_cli import launch
 
-    env = eng.launcher_free_env()
+    env = launch.launcher_free_env()
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", COLUMNS="80")
     return env
 

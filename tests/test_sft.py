@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from _toy_prefs import write_toy_preferences
-from marlhf_cli import engine as eng
+from marlhf_cli import launch
 from marlhf_cli.train import loop, sft
 from marlhf_cli.train.encode import IGNORE
 
@@ -120,7 +120,7 @@ def test_micro_batches_split_one_global_batch_over_processes():
 
 
 def _child_env() -> dict:
-    env = eng.launcher_free_env()
+    env = launch.launcher_free_env()
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return env
 

@@ -10,6 +10,7 @@ from typing import Any
 from .. import checkpoints
 from .. import config as config_module
 from .. import engine as eng
+from .. import launch
 from ..artifacts import RunDir
 from ..wording import count
 
@@ -18,7 +19,7 @@ def start(config: Any) -> None:
     """Re-run under torchrun for ``--nproc`` > 1, else start the process group and seed.
     Options that go together or not are checked first, so a refusal is one line, not one per process."""
     eng.check_engine_config(config)
-    code = eng.maybe_relaunch(config.nproc)
+    code = launch.maybe_relaunch(config.nproc)
     if code is not None:
         raise SystemExit(code)
     eng.init_distributed(config.debug)
