@@ -281,3 +281,19 @@ def test_the_cost_projection_counts_runs_as_the_protocol_does():
     reported = 4 * protocol.decided_seeds + (arms - 4) * protocol.other_seeds
     hours = len(protocol.tasks) * (arms * 4 * seeds * first + reported * first) / 3600
     assert f"{hours:.1f} h with 1 workers" in lines[1]
+
+
+def test_runs_come_back_in_the_jobs_order_though_the_mc_runs_start_first(tmp_path):
+    """The power simulation draws from the records in order: a study that trains its runs and
+    one that only reads them must hand the analysis the same order, or their reports differ."""
+    from credit2.runs import job_path, make_job, run_jobs, saved
+    from marlhf_cli.artifacts import write_json
+
+    protocol = _protocol()
+    jobs = [make_job(protocol, "target", arm, 0.06, seed, 40) for arm in ("rloo", "mc-fixed5", "fixed5") for seed in (1000, 1001)]
+    for job in jobs:  # every run saved already: nothing is trained
+        path = job_path(tmp_path, job)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, job | {"score": [0.1] * 40})
+    order = [(r["arm"], r["seed"]) for r in run_jobs(jobs, tmp_path, workers=1, threads=1, label="test")]
+    assert order == [(j["arm"], j["seed"]) for j in jobs] == [(r["arm"], r["seed"]) for r in saved(tmp_path, jobs)]
