@@ -84,6 +84,5 @@ def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: st
     in the jobs' order, as :func:`saved` returns them, so a report is the same whether its runs
     were just trained or only read (the power simulation draws from the records in order). The
     ``mc`` runs (about three times as long per step) start first, so no worker waits long at the end."""
-    longest_first = sorted(jobs, key=lambda job: job["flags"].get("advantage") != "mc")
-    first_edition.run_jobs(longest_first, root, workers, threads, run=run_job, path_of=job_path, label=label)
-    return saved(root, jobs)
+    return first_edition.run_jobs(jobs, root, workers, threads, run=run_job, path_of=job_path, label=label,
+                                  start_first=lambda job: job["flags"].get("advantage") == "mc")  # fmt: skip
