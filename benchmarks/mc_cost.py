@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after one warm-up step)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated (default {DEFAULT_CONFIGS})")
+    parser.add_argument("--no-prefix-sharing", action="store_true", help="skip the prefix-sharing measurement at the end")
+    parser.add_argument("--json", type=Path, default=None, help="also write the table's figures to this JSON file")
     H.add_device_args(parser)
     args = parser.parse_args()
     H.apply_device_args(args)
@@ -167,8 +169,13 @@ def main() -> None:
             if rnd:
                 rows[label].append(metrics)
         print(f"# round {rnd} done ({time.perf_counter() - started:.0f} s)", flush=True)
-    report(rows, labels)
-    for label in [label for label in labels if label.startswith("mc")][:2]:
+    figures = report(rows, labels)
+    if args.json:
+        from marlhf_cli.artifacts import write_json
+
+        write_json(args.json, {"machine": H.machine_line(args), "model": args.model, "prompts": args.prompts, "k": args.k,
+                               "new_tokens": args.new_tokens, "dtype": args.dtype, "configs": figures})  # fmt: skip
+    for label in [label for label in labels if label.startswith("mc")][:2 * (not args.no_prefix_sharing)]:
         share = prefix_sharing(ctxs[label], args.rounds + 1)
         print(f"# {label}, one rollout: {share['continuations']} continuations ({share['tokens']} tokens, mean prefix "
               f"{share['mean_prefix']:.0f} tokens): {share['shared_s']:.2f} s with a boundary's M continuations sharing "
@@ -180,7 +187,8 @@ def main() -> None:
     print(f"# wall time {time.perf_counter() - started:.0f} s; load average at the end {H.load_average()}")
 
 
-def report(rows: dict[str, list[dict]], labels: list[str]) -> None:
+def report(rows: dict[str, list[dict]], labels: list[str]) -> dict[str, dict]:
+    """Print the table; return its figures per configuration."""
     def med(label, key):
         return H.median([row.get(key, 0.0) for row in rows[label]])
 
@@ -191,16 +199,21 @@ def report(rows: dict[str, list[dict]], labels: list[str]) -> None:
     print(f"{'config':<16}{'gen s':>8}{'cont s':>8}{'score s':>9}{'train s':>9}{'step s':>8}{'x rloo':>8}{'x gae':>7}"
           f"{'resp tok':>10}{'cont tok':>10}{'gen tok':>9}{'gen x':>7}{'tok/s':>8}")  # fmt: skip
     base_tokens = med(labels[0], "generated_tokens")
+    figures = {}
     for label in labels:
         step = med(label, "step_time")
         ratio = {b: (f"{per_round(label, b):.2f}" if b in rows else "-") for b in ("rloo", "gae")}
         generated = med(label, "generated_tokens")
+        figures[label] = {"step_s": step, "generation_s": med(label, "generation_time"),
+                          "continuation_s": med(label, "continuation_time"), "generated_tokens": generated,
+                          **{f"over_{b}": per_round(label, b) for b in ("rloo", "gae") if b in rows}}  # fmt: skip
         print(
             f"{label:<16}{med(label, 'generation_time'):>8.2f}{med(label, 'continuation_time'):>8.2f}"
             f"{med(label, 'scoring_time'):>9.2f}{med(label, 'training_time'):>9.2f}{step:>8.2f}{ratio['rloo']:>8}"
             f"{ratio['gae']:>7}{med(label, 'response_tokens'):>10.0f}{med(label, 'continuation_tokens'):>10.0f}"
             f"{generated:>9.0f}{generated / base_tokens:>7.2f}{generated / step:>8.1f}"
         )  # fmt: skip
+    return figures
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
 1. The machine: CPU model and the flags that decide bf16 speed (avx512_bf16: bf16 dot
    products in AVX-512; amx_bf16: Intel's matrix unit), torch threads.
 2. Its ceilings, measured here at the step's own shapes and thread count: matmul FLOP/s in
-   fp32 and bf16 (the best of ``[tokens, h] x [h, i]`` and ``[tokens, h] x [h, V]``),
-   memory bandwidth (a 256 MiB copy: bytes read + written per second), and the rate at
+   fp32 and bf16 (the best of ``[rows, h] x [h, i]`` and ``[rows, h] x [h, V]`` with rows the
+   step's tokens or, as decoding has them, its batch; a bf16 run's ceiling is never below
+   fp32's, since where bf16 is emulated torch computes some of it in fp32), memory bandwidth (a 256 MiB copy: bytes read + written per second), and the rate at
    which a ``[B, h] x [h, i]`` product at the sampling batch streams its weights (what one
    decoding step does per layer).
 3. The step: the stage's own ``ppo_step`` (vanilla PPO, learning rates 0 so every step
@@ -272,9 +273,12 @@ def main() -> None:
     tokens = args.batch * (args.prompt_tokens + args.new_tokens)
     run_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     peaks = {}
+    # the best rate at any of the step's matmul shapes: whole sequences (scoring, update, the
+    # prefill) and one token per row (decoding). Where bf16 is emulated (no avx512_bf16 or
+    # AMX) its rate depends on the shape, and one shape alone was beaten by the phases
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        peaks[name] = max(matmul_rate(tokens, cfg.hidden_size, cfg.intermediate_size, dtype),
-                          matmul_rate(tokens, cfg.hidden_size, cfg.vocab_size, dtype))  # fmt: skip
+        peaks[name] = max(matmul_rate(rows, cfg.hidden_size, width, dtype)
+                          for rows in (tokens, args.batch) for width in (cfg.intermediate_size, cfg.vocab_size))
     bandwidth = copy_bandwidth()
     stream = weight_stream_rate(args.batch, cfg.hidden_size, cfg.intermediate_size, run_dtype)
     print(f"# model {policy} ({sizes['total'] / 1e6:.1f}M params x 4), {args.dtype}, batch {args.batch}, "
@@ -296,7 +300,10 @@ def main() -> None:
     padding = 1 - (shapes["generation"][2] + shapes["generation"][3]) / seq_total
     optimizer_params = sum(p.numel() for e in (ctx.models.actor, ctx.models.critic) if e is not None
                            for p in e.module.parameters() if p.requires_grad)  # fmt: skip
-    table = roofline(phase_seconds, flops, shapes["generation"], sizes, cfg, peaks[args.dtype], bandwidth,
+    # a bf16 step is never bound by less than fp32's ceiling: where bf16 is emulated, torch's
+    # kernels (attention, small matmuls) compute it in fp32, and the phases beat the bf16 GEMM rate
+    ceiling = max(peaks[args.dtype], peaks["fp32"])
+    table = roofline(phase_seconds, flops, shapes["generation"], sizes, cfg, ceiling, bandwidth,
                      optimizer_params, padding)  # fmt: skip
     step = statistics.median(r["step_time"] for r in rows)
     print(f"{'phase':<11}{'s':>7}{'GFLOP':>8}{'GB':>7}{'GFLOP/s':>9}{'bound':>8}{'ideal s':>9}{'roofline':>9}{'padding':>8}")

@@ -41,8 +41,9 @@ against TRL in ``--dtype``.
 
 Differences that stay (each tool's design): TRL samples with ``model.generate`` and trains
 policy and value with one optimizer and one backward; marlhf samples with its own KV-cached
-loop and trains actor and critic as two DeepSpeed engines. Both take the old log-probs from
-the sampling pass.
+loop (``--generation``: on CUDA by default its compiled sampler, each token's step one replayed
+CUDA graph) and trains actor and critic as two DeepSpeed engines. Both take the old log-probs
+from the sampling pass.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def marlhf_config(work: Path, args, *, steps: int):
         termination="fixed", n=1, rollout_batch_size=SETTINGS["batch"], mini_batch_size=SETTINGS["batch"], ppo_epochs=1,
         max_new_tokens=SETTINGS["new_tokens"], max_prompt_length=args.prompt_tokens, temperature=SETTINGS["temperature"],
         top_k=0, top_p=1.0, kl_coef=0.05, kl_estimator="k1", clip_range=0.2, value_clip_range=0.2,
-        actor_lr=1.5e-5, critic_lr=1.5e-5, dtype=args.dtype, max_steps=steps,
+        actor_lr=1.5e-5, critic_lr=1.5e-5, dtype=args.dtype, max_steps=steps, generation=args.generation,
         eval_every=0, eval_prompts=0, save_every=0, seed=0,
     )  # fmt: skip
 
@@ -150,6 +151,8 @@ def marlhf_worker(args) -> None:
     stamps = [row["time"] for row in rows]
     result = {
         "tool": "marlhf",
+        "generation": config.generation,  # as the stage resolved --generation
+        "generation_captures": rows[-1].get("generation_captures", 0),
         "threads": torch.get_num_threads(),
         "step_times": [rows[0]["step_time"]] + [b - a for a, b in zip(stamps, stamps[1:])],
         "stage_step_times": [row["step_time"] for row in rows],
@@ -174,7 +177,7 @@ def run_tool(tool: str, work: Path, args, index: int) -> dict:
     if tool == "marlhf":
         command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work), "--dtype", args.marlhf_dtype or args.dtype,
                    "--prompt-tokens", str(args.prompt_tokens), "--batch", str(SETTINGS["batch"]),
-                   "--new-tokens", str(SETTINGS["new_tokens"]), *common]  # fmt: skip
+                   "--new-tokens", str(SETTINGS["new_tokens"]), "--generation", args.generation, *common]  # fmt: skip
     else:
         command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
@@ -216,6 +219,8 @@ def main() -> None:
     parser.add_argument("--no-shipped", action="store_true", help="skip the runs of TRL as shipped (gc.collect on)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
                         help="an interpreter with trl 1.12.0 (default: benchmarks/.venv-trl; python3 where TRL is installed beside marlhf)")
+    parser.add_argument("--generation", choices=("auto", "eager", "compiled"), default="auto",
+                        help="marlhf's sampler (--generation; auto: compiled on CUDA, eager on a CPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     parser.add_argument("--flops", action="store_true", help="TFLOP/s on a CPU too (always shown on a GPU)")
     parser.add_argument("--marlhf-worker", action="store_true", help=argparse.SUPPRESS)
@@ -322,6 +327,9 @@ def report(results: dict[str, list[dict]], args) -> None:
     eos = [e for tool in tools_of(results) for r in results[tool] for e in r.get("eos_tokens", [])]
     lengths = [x for r in results["marlhf"] for x in r["response_length"]]
     print(f"# responses: marlhf mean length {statistics.mean(lengths):.1f} tokens; TRL EOS tokens per step {max(eos, default=0):.0f} at most")
+    sampler = results["marlhf"][0]
+    print(f"# marlhf sampled with --generation {sampler.get('generation', '?')} "
+          f"({sampler.get('generation_captures', 0):.0f} static-cache bucket(s) made per run)")  # fmt: skip
     print(f"# load average at the end {H.load_average()}")
     for peer in tools_of(results):
         per_round = [

@@ -28,6 +28,7 @@ REWARDS = ("model", "apps")
 ADVANTAGES = ("gae", "rloo", "grpo", "mc")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
 X_AXES = ("step", "tokens")  # marlhf ppo --compare --x-axis (train/ppo/report.py)
+GENERATIONS = ("auto", "eager", "compiled")  # marlhf_cli.train.ppo.compiled_sampling.MODES
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -197,6 +198,7 @@ ACCEPTS: dict[str, Accepts] = {
     "temperature": above(0),
     "top_k": at_least(0),
     "top_p": between(0, 1, low_open=True),
+    "generation": one_of(*GENERATIONS),
     "termination": one_of(*RULES),
     "n": SEGMENT_LENGTH,
     "cutoff": POSITIVE,

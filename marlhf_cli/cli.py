@@ -207,6 +207,7 @@ def bon(
     max_prompt_length: eval_flags.BonMaxPrompt = None,
     max_new_tokens: eval_flags.BonMaxNew = None,
     batch_size: eval_flags.BonBatch = None,
+    generation: flags.GenerationOption = None,
     normalize: eval_flags.BonNormalize = None,
     **shared: Any,
 ) -> None:
@@ -223,7 +224,7 @@ def bon(
         name=name, policy=policy, reward_model=reward_model, reward=reward, n=n, temperature=temperature, dataset=dataset,
         data_file=data_file, strict=strict, chat_template=chat_template, max_records=max_records, top_k=top_k, top_p=top_p,
         max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
-        normalize=normalize, **shared,
+        generation=generation, normalize=normalize, **shared,
     )
     from .evaluate import bon as stage
     stage.run(config)
@@ -303,6 +304,7 @@ def passk(
     max_prompt_length: passk_flags.MaxPrompt = None,
     max_new_tokens: passk_flags.MaxNew = None,
     batch_size: passk_flags.BatchSize = None,
+    generation: flags.GenerationOption = None,
     time_limit: passk_flags.TimeLimit = None,
     memory_mb: passk_flags.MemoryMb = None,
     workers: passk_flags.Workers = None,
@@ -322,7 +324,7 @@ def passk(
         model=model, name=name, dataset=dataset, data_file=data_file, strict=strict, reward=reward,
         chat_template=chat_template, split=split, limit=limit,
         n=n, k=k, temperature=temperature, top_k=top_k, top_p=top_p, max_prompt_length=max_prompt_length,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, time_limit=time_limit, memory_mb=memory_mb,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, generation=generation, time_limit=time_limit, memory_mb=memory_mb,
         workers=workers, max_tests=max_tests, dtype=dtype, **shared,
     )
     from .rewards import passk as stage

@@ -162,6 +162,9 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     top_p: float = 1.0
     max_prompt_length: int = 512
     max_new_tokens: int = 512
+    # auto | eager | compiled: the token loop, or a static KV cache with each token's step
+    # recorded as a CUDA graph (train/ppo/compiled_sampling.py); auto = compiled on CUDA
+    generation: str = "auto"
     # macro actions (docs/method.md, "Termination rules" and "Segment GAE")
     termination: str = "fixed"  # fixed | randomized | ppl | parsing | code
     n: float = 5  # fixed-rule segment length; inf = one segment per response
@@ -209,6 +212,7 @@ class BonConfig(CommonConfig, DataConfig):
     max_prompt_length: int = 512
     max_new_tokens: int = 512
     batch_size: int = 16  # sequences per generation and scoring forward
+    generation: str = "auto"  # as PPOConfig.generation
     normalize: bool = False  # report (score - mean) / std with the statistics rm/ stored
     max_records: int | None = 64  # ours: distinct evaluation prompts
 
@@ -261,6 +265,7 @@ class PassKConfig(CommonConfig):
     max_prompt_length: int = 512
     max_new_tokens: int = 512
     batch_size: int = 8  # sequences per generation batch
+    generation: str = "auto"  # as PPOConfig.generation
     time_limit: float = 4.0  # ours (APPS's judge: 4 s): wall-clock seconds per test
     memory_mb: int = 1024  # ours: address-space limit per test
     workers: int | None = None  # parallel test processes; default: CPU count

@@ -1,7 +1,7 @@
 """benchmarks/gpu/suite.sh on the CPU (--device cpu: the tiny model, a few steps), so that a
 GPU's first minutes never meet a script that cannot run.
 
-The speed stage (step_cost.py, vs_trl.py, the report) and a failing part run with the other
+The speed stage (decode_cost.py, mc_cost.py, vs_trl.py, the report) and a failing part run with the other
 slow tests. The whole dry run takes minutes on a 2-core CPU, more than the test budget allows,
 so the study stage and the tests stage (here with one of tests/test_gpu.py's tests) run only
 with MARLHF_SUITE_DRY_RUN=1; benchmarks/gpu/README.md gives the full dry run's commands.
@@ -22,8 +22,14 @@ pytestmark = pytest.mark.slow
 SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "suite.sh"
 
 
+# set in this process by the in-process tests' process group: a child that inherited them
+# would try to listen on the port this process still holds (TRL's workers read them)
+PROCESS_GROUP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
 def _suite(stage: str, out: Path, **env: str) -> subprocess.CompletedProcess:
-    environment = dict(os.environ, PYTHON=sys.executable, MARLHF_SITE=str(out / "no-site"), OMP_NUM_THREADS="1", **env)
+    inherited = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP}
+    environment = dict(inherited, PYTHON=sys.executable, MARLHF_SITE=str(out / "no-site"), OMP_NUM_THREADS="1", **env)
     return subprocess.run(["bash", str(SUITE), stage, str(out), "--device", "cpu"], env=environment,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
@@ -36,17 +42,25 @@ def test_speed_stage(tmp_path):
     done = _suite("speed", tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "# device: CPU" in done.stdout and "# suite speed passed" in done.stdout
-    cost = json.loads((tmp_path / "step_cost-tiny.json").read_text())
-    vanilla = cost["rules"]["vanilla (fixed 1)"]
-    assert vanilla["median"]["response_length"] > 0 and vanilla["tflops"] > 0 and vanilla["share_of_peak"] is None
-    assert set(cost["rules"]) == {"vanilla (fixed 1)", "fixed 5"} and cost["dtype"] == "bf16"
+    for name in ("tiny", "tiny-as-large"):  # the two shapes of a GPU's run, both tiny here
+        decode = json.loads((tmp_path / f"decode-{name}.json").read_text())
+        assert decode["dtype"] == "bf16" and decode["captures"] == 2  # one bucket per batch shape, made once
+        assert {(r["prompts"], r["new_tokens"], r["generation"]) for r in decode["rows"]} == {
+            (p, t, g) for p, t in ((2, 8), (4, 16)) for g in ("eager", "compiled")}  # fmt: skip
+        assert all(r["response_length"] > 0 and r["ms_per_token"] > 0 and 0 < r["generation_share"] < 1 for r in decode["rows"])
+    lora = json.loads((tmp_path / "decode-tiny-as-large-lora4.json").read_text())
+    assert lora["lora_rank"] == 4 and [r["generation"] for r in lora["rows"]] == ["compiled"]
+    mc = json.loads((tmp_path / "mc_cost-tiny.json").read_text())["configs"]
+    assert set(mc) == {"rloo", "mc-ppl-m2"} and mc["mc-ppl-m2"]["over_rloo"] > 1 and mc["mc-ppl-m2"]["continuation_s"] > 0
     if _trl_importable():
         tools = json.loads((tmp_path / "vs_trl-tiny.json").read_text())["tools"]
         assert set(tools) == {"marlhf", "trl-core"} and all(t["tokens_per_step"] > 0 for t in tools.values())
     else:
         assert "vs_trl tiny: SKIPPED in the dry run" in done.stdout
-    summary = json.loads((tmp_path / "speed.json").read_text())
-    assert [row["shape"] for row in summary] == ["tiny"]
+    summary = {row["figure"]: row for row in json.loads((tmp_path / "speed.json").read_text())}
+    assert summary["tiny 2x8: ms per generated token"]["eager"] > 0 and summary["tiny 2x8: ms per generated token"]["compiled"] > 0
+    assert summary["tiny 2 prompts x K=2: mc (ppl, M=2) step / rloo step"]["goal"] == "<= 2x"
+    assert "tiny-as-large-lora4: LoRA rank 4 PPO peak GPU memory (GiB)" in summary  # no GPU: no figure, the row stays
     assert (tmp_path / "speed.png").stat().st_size > 1000
     assert (tmp_path / "speed.log").read_text() == done.stdout  # the log is what was printed
 

@@ -41,6 +41,7 @@ BAD_TEXT = {
     "--advantage": "ppo",
     "--x-axis": "time",
     "--dtype": "fp16",
+    "--generation": "fast",
     "--lr-scheduler": "step",
     "--task": "nonsense",
     "--split": "nonsense",
@@ -167,6 +168,7 @@ def test_choices_match_the_modules_that_use_them():
     from marlhf_cli.macro import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
     from marlhf_cli.macro.parsing import BACKENDS as PARSING_BACKENDS
     from marlhf_cli.macro.segmentation import BACKENDS
+    from marlhf_cli.train.ppo.compiled_sampling import MODES
     from marlhf_cli.train.ppo.settings import REWARDS
 
     assert accepts.RULES == RULE_NAMES
@@ -176,6 +178,7 @@ def test_choices_match_the_modules_that_use_them():
     assert accepts.REWARDS == REWARDS
     assert accepts.ADVANTAGES == ADVANTAGE_ESTIMATORS
     assert accepts.LOSS_AGGREGATIONS == LOSS_AGGREGATIONS
+    assert accepts.GENERATIONS == MODES
 
 
 def test_configs_in_code_are_checked_too():

@@ -17,7 +17,10 @@ from marlhf_cli.artifacts import read_jsonl
 pytestmark = pytest.mark.slow
 
 NAME = "randomized"
-VOLATILE = ("time", "step_time", "generation_time", "scoring_time", "credit_time", "training_time", "tokens_per_second")
+# per process or per machine: timings, and the static-cache buckets a process made (a resumed
+# process makes its own: marlhf_cli/train/ppo/compiled_sampling.py)
+VOLATILE = ("time", "step_time", "generation_time", "scoring_time", "credit_time", "training_time", "tokens_per_second",
+            "generation_captures")
 
 
 def command(run_dir: Path, *extra: str) -> list[str]:

@@ -1,11 +1,19 @@
-"""The speed stage's summary: one table and one figure from the JSON files it wrote.
+"""The speed stage's summary: one table and one figure from the JSON files the stage wrote.
 
     python benchmarks/gpu/speed_report.py OUTDIR
 
-Reads OUTDIR/step_cost-<shape>.json and OUTDIR/vs_trl-<shape>.json (``suite.sh speed``),
-prints per shape: marlhf's vanilla PPO step (seconds, tokens/s, model TFLOP/s, share of the
-bf16 peak, peak GPU memory), the worst MA-PPO / PPO step-time ratio, and marlhf / TRL tokens
-per second; writes OUTDIR/speed.json (those rows) and OUTDIR/speed.png.
+Reads what ``suite.sh speed`` wrote to OUTDIR:
+
+* ``decode-<shape>.json`` (benchmarks/decode_cost.py): the PPO step with the eager and the
+  compiled sampler per batch: milliseconds per generated token, generation's share of the
+  step, response tokens per second;
+* ``vs_trl-<shape>.json`` (benchmarks/vs_trl.py): marlhf's tokens per second over TRL-core's;
+* ``mc_cost-<shape>.json`` (benchmarks/mc_cost.py): the ``mc`` step over the ``rloo`` step;
+* ``decode-<shape>-lora<R>.json``: the peak GPU memory of a LoRA run.
+
+and prints one table, each figure with the issue's goal where it set one (issue 33), then
+writes OUTDIR/speed.json (the rows) and OUTDIR/speed.png (milliseconds per token and
+generation's share, eager against compiled). A file that is missing leaves its rows out.
 """
 
 from __future__ import annotations
@@ -14,76 +22,116 @@ import json
 import sys
 from pathlib import Path
 
+GOALS = {  # issue 33's table
+    "ms_per_token:smollm2-135m:8x64": ("<= 2", lambda v: v <= 2),
+    "generation_share:64x128": ("<= 30%", lambda v: v <= 0.30),
+    "vs_trl": (">= 3x", lambda v: v >= 3),
+    "mc_over_rloo": ("<= 2x", lambda v: v <= 2),
+    "lora_peak": ("<= 24 GiB", lambda v: v <= 24),
+}
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _shape(path: Path, prefix: str) -> str:
+    return path.stem.removeprefix(prefix)
+
 
 def rows(out: Path) -> list[dict]:
+    """Every figure as {figure, eager, compiled, goal, met}: eager is None where there is no
+    eager counterpart."""
     table = []
-    for path in sorted(out.glob("step_cost-*.json")):
-        shape = path.stem.removeprefix("step_cost-")
-        cost = json.loads(path.read_text())
-        vanilla = cost["rules"]["vanilla (fixed 1)"]
-        row = {"shape": shape, "params": cost["params"], "step_s": vanilla["median"]["step_time"],
-               "tokens_per_s": vanilla["median"]["tokens_per_second"],
-               "phases_s": {k: vanilla["median"][k] for k in ("generation_time", "scoring_time", "credit_time", "training_time")},
-               "tflops": vanilla.get("tflops"), "share_of_peak": vanilla.get("share_of_peak"),
-               "peak_memory_gib": vanilla.get("peak_memory_gib"), "worst_rule": cost["worst_rule"],
-               "worst_step_ratio": cost["worst_step_ratio"]}  # fmt: skip
-        trl = out / f"vs_trl-{shape}.json"
-        if trl.is_file():
-            tools = json.loads(trl.read_text())["tools"]
+    for path in sorted(out.glob("decode-*.json")):
+        data = _load(path)
+        if data.get("lora_rank"):
+            continue
+        shape = _shape(path, "decode-")
+        by = {(r["prompts"], r["new_tokens"], r["generation"]): r for r in data["rows"]}
+        for prompts, tokens in sorted({(p, t) for p, t, _ in by}):
+            eager, compiled = by.get((prompts, tokens, "eager")), by.get((prompts, tokens, "compiled"))
+            batch = f"{prompts}x{tokens}"
+            for key, label, scale in (("ms_per_token", "ms per generated token", 1), ("generation_share", "generation's share of the step", 100),
+                                      ("tokens_per_s", "response tokens per second", 1)):  # fmt: skip
+                goal = GOALS.get(f"{key}:{shape}:{batch}") or (GOALS.get(f"{key}:{batch}") if key == "generation_share" else None)
+                value = compiled[key] if compiled else None
+                table.append({
+                    "figure": f"{shape} {batch}: {label}", "eager": eager[key] * scale if eager else None,
+                    "compiled": value * scale if value is not None else None, "goal": goal[0] if goal else "",
+                    "met": goal[1](value) if goal and value is not None else None, "unit": "%" if scale == 100 else "",
+                })  # fmt: skip
+    for path in sorted(out.glob("vs_trl-*.json")):
+        data = _load(path)
+        tools, settings = data["tools"], data["settings"]
+        if "trl-core" in tools:
             speed = {t: v["tokens_per_step"] / v["step_median"] for t, v in tools.items()}
-            row["vs_trl"] = {t: {"tokens_per_s": speed[t], "tflops": v.get("tflops"), "peak_memory_gib": v.get("peak_memory_gib")}
-                             for t, v in tools.items()}  # fmt: skip
-            row["marlhf_over_trl"] = speed["marlhf"] / speed["trl-core"] if "trl-core" in speed else None
-        table.append(row)
+            ratio = speed["marlhf"] / speed["trl-core"]
+            goal = GOALS["vs_trl"]
+            batch = f"{settings['batch']}x{settings['new_tokens']}"
+            table.append({"figure": f"{_shape(path, 'vs_trl-')} {batch}: marlhf / TRL-core tokens per second", "eager": None,
+                          "compiled": ratio, "goal": goal[0], "met": goal[1](ratio), "unit": "x"})  # fmt: skip
+    for path in sorted(out.glob("mc_cost-*.json")):
+        data = _load(path)
+        mc = next((v for k, v in data["configs"].items() if k.startswith("mc")), None)
+        if mc and "over_rloo" in mc:
+            goal = GOALS["mc_over_rloo"]
+            table.append({"figure": f"{_shape(path, 'mc_cost-')} {data['prompts']} prompts x K={data['k']}: mc (ppl, M=2) step / rloo step",
+                          "eager": None, "compiled": mc["over_rloo"], "goal": goal[0], "met": goal[1](mc["over_rloo"]), "unit": "x"})  # fmt: skip
+    for path in sorted(out.glob("decode-*-lora*.json")):
+        data = _load(path)
+        peak = max((r["peak_memory_gib"] for r in data["rows"] if r["peak_memory_gib"] is not None), default=None)
+        goal = GOALS["lora_peak"]
+        table.append({"figure": f"{_shape(path, 'decode-')}: LoRA rank {data['lora_rank']} PPO peak GPU memory (GiB)", "eager": None,
+                      "compiled": peak, "goal": goal[0], "met": goal[1](peak) if peak is not None else None, "unit": ""})  # fmt: skip
     return table
 
 
-def fmt(value, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
+def fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}%" if unit == "%" else f"{value:.2f}{unit}"
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     table = rows(out)
     if not table:
-        sys.exit(f"no step_cost-*.json in {out}")
-    print(f"{'shape':<14}{'params':>9}{'step s':>8}{'tok/s':>8}{'TFLOP/s':>9}{'% peak':>8}{'peak GiB':>9}"
-          f"{'worst MA/PPO':>14}{'marlhf/TRL':>12}")  # fmt: skip
+        sys.exit(f"no decode-*.json, vs_trl-*.json or mc_cost-*.json in {out}")
+    width = max(len(r["figure"]) for r in table) + 2
+    print(f"{'figure':<{width}}{'eager':>10}{'compiled':>10}{'goal':>12}  met")
     for r in table:
-        share = None if r["share_of_peak"] is None else 100 * r["share_of_peak"]
-        print(f"{r['shape']:<14}{r['params'] / 1e6:>8.0f}M{r['step_s']:>8.3f}{r['tokens_per_s']:>8.0f}"
-              f"{fmt(r['tflops'], '.2f'):>9}{fmt(share, '.1f'):>8}{fmt(r['peak_memory_gib'], '.2f'):>9}"
-              f"{r['worst_step_ratio']:>13.2f}x{fmt(r.get('marlhf_over_trl'), '.2f'):>11}x")  # fmt: skip
+        met = "" if r["met"] is None else ("yes" if r["met"] else "NO")
+        print(f"{r['figure']:<{width}}{fmt(r['eager'], r['unit']):>10}{fmt(r['compiled'], r['unit']):>10}{r['goal']:>12}  {met}")
     from marlhf_cli.artifacts import write_figure, write_json
 
     write_json(out / "speed.json", table)
+    figure(table, out / "speed.png", write_figure)
+    print(f"# wrote {out / 'speed.json'} and {out / 'speed.png'}")
+
+
+def figure(table: list[dict], path: Path, write_figure) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
-    shapes = [r["shape"] for r in table]
-    tools = ["marlhf", "trl-core"]
-    for i, tool in enumerate(tools):
-        values = [r["vs_trl"][tool]["tokens_per_s"] if tool in r.get("vs_trl", {}) else 0.0 for r in table]
-        left.bar([x + 0.4 * i for x in range(len(shapes))], values, width=0.4, label=tool)
-    left.set_xticks([x + 0.2 for x in range(len(shapes))], shapes)
-    left.set_ylabel("PPO tokens/s (vanilla, batch 8)")
-    left.set_title("marlhf vs TRL 1.12, same models and settings", fontsize=9)
-    left.legend(fontsize=8)
-    phases = ("generation_time", "scoring_time", "credit_time", "training_time")
-    bottom = [0.0] * len(table)
-    for phase in phases:
-        values = [r["phases_s"][phase] for r in table]
-        right.bar(shapes, values, bottom=bottom, label=phase.replace("_time", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    right.set_ylabel("seconds per marlhf PPO step")
-    right.set_title("marlhf step by phase (step_cost.py, vanilla)", fontsize=9)
-    right.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
+    for axis, key, ylabel in ((axes[0], "ms per generated token", "ms per token (log)"),
+                              (axes[1], "generation's share of the step", "% of the PPO step")):  # fmt: skip
+        chosen = [r for r in table if r["figure"].endswith(key)]
+        labels = [r["figure"].split(":")[0] for r in chosen]
+        for offset, mode in ((0.0, "eager"), (0.4, "compiled")):
+            axis.bar([x + offset for x in range(len(chosen))], [r[mode] or 0.0 for r in chosen], width=0.4, label=mode)
+        axis.set_xticks([x + 0.2 for x in range(len(chosen))], labels, fontsize=7, rotation=15)
+        axis.set_ylabel(ylabel)
+        axis.legend(fontsize=8)
+        if "log" in ylabel and chosen:
+            axis.set_yscale("log")
+    axes[0].set_title("decoding: eager token loop vs compiled (on CUDA: one graph per token)", fontsize=9)
+    axes[1].set_title("generation's share of a vanilla PPO step", fontsize=9)
     fig.tight_layout()
-    write_figure(out / "speed.png", fig)
-    print(f"# wrote {out / 'speed.json'} and {out / 'speed.png'}")
+    write_figure(path, fig)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@
 #   tests  pytest -m gpu (tests/test_gpu.py): sft, rm, PPO / MA-PPO / RLOO / GRPO in bf16, ZeRO 0-3,
 #          the KV-cached sampler against a full forward, SIGKILL + --resume
 #          -> OUTDIR/tests.log, OUTDIR/tests.xml (JUnit, with the sampler's measured gaps)
-#   speed  step_cost.py and vs_trl.py in bf16 at SmolLM2-135M's and -1.7B's shapes: tokens/s,
-#          seconds per step by phase, peak GPU memory, model TFLOP/s against the bf16 peak
-#          -> OUTDIR/speed.log, step_cost-<shape>.json, vs_trl-<shape>.json, speed.json, speed.png
+#   speed  in bf16: decode_cost.py (the PPO step, eager against compiled sampling, batches 8x64 and
+#          64x128) at SmolLM2-135M's and -1.7B's shapes, LoRA rank 16's peak memory at 1.7B,
+#          mc_cost.py (mc against rloo) and vs_trl.py (against TRL 1.12's PPOTrainer) at 135M
+#          -> OUTDIR/speed.log, decode-<shape>[-lora16].json, mc_cost-<shape>.json,
+#             vs_trl-<shape>.json, speed.json, speed.png
 #   study  the credit-assignment pilot at SmolLM2-135M's shape with 256-token responses
 #          (gpu/credit_scale.py) -> OUTDIR/study.log, credit_scale.json, credit_scale.png, runs.log
 #
@@ -85,31 +87,33 @@ tests_stage() {
 }
 
 speed_stage() {
-    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} plan model warmup tokens row
-    # shape|step_cost limit|rounds|rules|vs_trl limit|rounds|steps
-    if [ "$DEVICE" = cuda ]; then
-        # (1.7B: each of the four models is initialised on the CPU first, ~15 s apiece)
-        plan=("smollm2-135m|90|2|fixed 5,fixed inf,randomized,ppl,code|100|1|8" "smollm2-1.7b|150|1|fixed 5|170|1|6")
-        model=random: warmup=2 tokens=64
-    else  # the dry run: the tiny model, one shape, a few steps
-        plan=("tiny|120|1|fixed 5|120|1|3")
-        model="" warmup=1 tokens=16
+    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} small large batches rounds lora mc trl
+    local small_name large_name  # the shapes' names in the files' names
+    if [ "$DEVICE" = cuda ]; then  # ~5 minutes on an H100 (the limits are caps, not estimates)
+        small=random:smollm2-135m large=random:smollm2-1.7b batches=8x64,64x128 rounds=2 lora=16
+        small_name=smollm2-135m large_name=smollm2-1.7b
+        mc=(--prompts 8 --k 4 --new-tokens 64) trl=(--steps 8 --warmup 2)
+    else  # the dry run: the tiny model, small batches, one round
+        small=tiny large=tiny batches=2x8,4x16 rounds=1 lora=4 small_name=tiny large_name=tiny-as-large
+        mc=(--prompts 2 --k 2 --new-tokens 8) trl=(--steps 3 --warmup 1)
     fi
-    for row in "${plan[@]}"; do
-        IFS='|' read -r shape cost_limit rounds rules trl_limit trl_rounds steps <<<"$row"
-        part "step_cost $shape" "$cost_limit" "$PYTHON" benchmarks/step_cost.py --model "$model$shape" \
-            --device "$DEVICE" --dtype bf16 --rounds "$rounds" --rules "$rules" --batch 8 --new-tokens "$tokens" \
-            --threads "$THREADS" --flops --json "$OUT/step_cost-$shape.json"
-        if "$trl_python" -c "import trl" 2>/dev/null; then
-            part "vs_trl $shape" "$trl_limit" "$PYTHON" benchmarks/vs_trl.py --model "$model$shape" --device "$DEVICE" \
-                --dtype bf16 --rounds "$trl_rounds" --steps "$steps" --warmup "$warmup" --no-shipped --threads "$THREADS" \
-                --trl-python "$trl_python" --flops --json "$OUT/vs_trl-$shape.json"
-        elif [ "$DEVICE" = cuda ]; then
-            FAILED+=("vs_trl $shape: $trl_python cannot import trl (install trl==1.12.0)")
-        else
-            echo "## vs_trl $shape: SKIPPED in the dry run: $trl_python cannot import trl (pip install --no-deps trl==1.12.0)"
-        fi
-    done
+    local device=(--device "$DEVICE" --dtype bf16 --threads "$THREADS")
+    part "decode $small_name" 110 "$PYTHON" benchmarks/decode_cost.py --model "$small" --batches "$batches" \
+        --rounds "$rounds" "${device[@]}" --json "$OUT/decode-$small_name.json"
+    part "decode $large_name" 170 "$PYTHON" benchmarks/decode_cost.py --model "$large" --batches "$batches" \
+        --rounds 1 "${device[@]}" --json "$OUT/decode-$large_name.json"
+    part "LoRA $large_name" 90 "$PYTHON" benchmarks/decode_cost.py --model "$large" --lora-rank "$lora" \
+        --batches "${batches%%,*}" --generations compiled --rounds 1 "${device[@]}" --json "$OUT/decode-$large_name-lora$lora.json"
+    part "mc vs rloo $small_name" 90 "$PYTHON" benchmarks/mc_cost.py --model "$small" --configs rloo,mc-ppl-m2 \
+        "${mc[@]}" --rounds "$rounds" --no-prefix-sharing "${device[@]}" --json "$OUT/mc_cost-$small_name.json"
+    if "$trl_python" -c "import trl" 2>/dev/null; then
+        part "vs_trl $small_name" 110 "$PYTHON" benchmarks/vs_trl.py --model "$small" "${trl[@]}" --rounds 1 \
+            --no-shipped --trl-python "$trl_python" --flops "${device[@]}" --json "$OUT/vs_trl-$small_name.json"
+    elif [ "$DEVICE" = cuda ]; then
+        FAILED+=("vs_trl: $trl_python cannot import trl (install trl==1.12.0)")
+    else
+        echo "## vs_trl: SKIPPED in the dry run: $trl_python cannot import trl (pip install --no-deps trl==1.12.0)"
+    fi
     part "speed report" 60 "$PYTHON" "$HERE/speed_report.py" "$OUT"
 }
 

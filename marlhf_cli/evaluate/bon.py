@@ -188,7 +188,7 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
     settings = RolloutSettings(
         temperature=temperature, top_k=config.top_k, top_p=config.top_p,
         max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
-        stop_token_ids=models.chat.stop_ids,
+        stop_token_ids=models.chat.stop_ids, generation=config.generation,
     )  # fmt: skip
     rows = [r for r in records for _ in range(samples)]
     out: list[dict] = []
@@ -244,6 +244,7 @@ def run(config) -> dict[str, Any]:
 
     from ..chat import ChatFormat
     from ..models import load_tokenizer
+    from ..train.ppo import compiled_sampling
 
     ns, temps = check(config)
     samples = max(ns)
@@ -273,6 +274,8 @@ def run(config) -> dict[str, Any]:
     )  # fmt: skip
     if todo:
         models = load_models(config, policy, reward_model)
+        compiled_sampling.settle(config, models.policy, rows=config.batch_size, device=models.device,
+                                 say=lambda line: err.print(line, highlight=False, soft_wrap=True))  # fmt: skip
         progress = Progress(
             TextColumn("[bold]bon[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("<"),
             TimeRemainingColumn(), TextColumn("{task.fields[live]}"), console=err,

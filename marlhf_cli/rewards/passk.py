@@ -97,7 +97,7 @@ def sample_responses(model, tokenizer, device, prompts: Sequence[str], config, s
     settings = RolloutSettings(
         temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
         max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids),
+        stop_token_ids=tuple(stop_token_ids), generation=config.generation,
     )  # fmt: skip
     for start in range(0, len(prompts), config.batch_size):
         part = list(prompts[start : start + config.batch_size])
@@ -148,6 +148,7 @@ def run(config) -> dict[str, Any]:
     from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
     from ..train.forward import disable_dropout
+    from ..train.ppo import compiled_sampling
 
     console = Console(stderr=True)
     ks = check(config)
@@ -176,6 +177,8 @@ def run(config) -> dict[str, Any]:
     disable_dropout(model)
     model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
+    compiled_sampling.settle(config, model, rows=config.batch_size, device=device,
+                             say=lambda line: console.print(line, highlight=False, soft_wrap=True))  # fmt: skip
 
     chat = ChatFormat(tokenizer, config.chat_template)  # APPS prompts are plain text: only a template FILE applies
     owners = [i for i in range(len(records)) for _ in range(config.n)]

@@ -149,6 +149,7 @@ TopK = Annotated[Optional[int], _opt("--top-k", "Sample among the k most likely 
 TopP = Annotated[Optional[float], _opt("--top-p", "Nucleus sampling mass (like --top-k, it only narrows what can be drawn). [default: 1.0]")]
 MaxPrompt = Annotated[Optional[int], _opt("--max-prompt-length", "Prompt tokens kept (the end of longer prompts). [default: 512]")]
 MaxNewTokens = Annotated[Optional[int], _opt("--max-new-tokens", "Longest response; a response cut there has no EOS. [default: 512]")]
+GenerationOption = Annotated[Optional[str], _opt("--generation", "How responses are sampled (ppo: rollouts, mc's continuations and evaluation): eager (the model's forward from Python for every token), compiled (a static KV cache, each token's step recorded once as a CUDA graph and replayed: the same draws, one launch per token; on a CPU the same code without graphs) or auto (compiled on CUDA, eager on a CPU; the start-up line says which and the cache's size). A model or shape the static cache does not cover is sampled eagerly, said once. [default: auto]")]
 
 # macro actions
 Termination = Annotated[Optional[str], _opt("--termination", "Termination rule forming macro actions: fixed, randomized, ppl, parsing, code ('fixed --n 1' is vanilla PPO). [default: fixed]")]
@@ -204,7 +205,7 @@ PPO = {
     "value_clip_range": ValueClipRange, "gamma": Gamma, "lam": Lam, "kl_coef": KlCoef, "kl_estimator": KlEstimator,
     "reward_clip": RewardClip, "whiten_advantages": Whiten, "missing_eos_penalty": MissingEos,
     "temperature": Temperature, "top_k": TopK, "top_p": TopP, "max_prompt_length": MaxPrompt,
-    "max_new_tokens": MaxNewTokens, "termination": Termination, "n": N, "cutoff": Cutoff,
+    "max_new_tokens": MaxNewTokens, "generation": GenerationOption, "termination": Termination, "n": N, "cutoff": Cutoff,
     "value_function": ValueFunction, "ratio": Ratio, "loss_aggregation": LossAggregation, "parser_backend": ParserBackend, "parse_workers": ParseWorkers,
     "max_steps": MaxSteps, "eval_every": EvalEvery, "eval_prompts": EvalPrompts, "save_every": SaveEvery,
     "resume": Resume, "offload_frozen": OffloadFrozen,

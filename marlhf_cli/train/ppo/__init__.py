@@ -61,7 +61,7 @@ from ...seeding import derived_seed
 from ...wording import count
 from .. import common
 from ..monitor import Monitor
-from . import credit, stopping
+from . import compiled_sampling, credit, stopping
 from .checkpointing import checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs
@@ -104,6 +104,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
         reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
     models = build_models(config, policy, reward_model, reward)
+    compiled_sampling.settle(config, models.sampler.module, rows=responses_per_step(config) // eng.world_size(),
+                             device=models.device, say=common.say)  # fmt: skip
     ctx = make_context(config, models, prompts.records)
     root = checkpoint_root(run_dir, name)
     expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
@@ -220,6 +222,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     metrics = reduce_metrics(experience, update_stats, timings)
     metrics["step_time"] = time.perf_counter() - began
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
+    metrics["generation_captures"] = float(compiled_sampling.captures(sampler))  # flat after the first steps
     metrics["actor_lr"] = eng.current_lr(models.actor)
     if models.critic is not None:
         metrics["critic_lr"] = eng.current_lr(models.critic)

@@ -36,7 +36,7 @@ from ...seeding import derived_seed
 from ..forward import resident
 from .experience import RolloutSettings, final_scores, scoring_batch
 from .rewards import RewardFn
-from .sampling import SamplingParams, sample, stops
+from .sampling import sample, stops
 
 
 @dataclass
@@ -128,7 +128,7 @@ def sample_continuations(
         width = int(budget.max())
         rows = slice(entries.start * rollouts, entries.stop * rollouts)
         sampled = sample(
-            model, ids, mask, SamplingParams(settings.temperature, settings.top_k, settings.top_p, width),
+            model, ids, mask, settings.sampling_for(width),
             eos_token_id=stop, pad_token_id=pad, uniforms=_uniforms(seeds[rows], budget.tolist(), width).to(ids.device),
             budgets=budget.to(ids.device), repeats=rollouts,
         )  # fmt: skip

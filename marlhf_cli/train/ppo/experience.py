@@ -54,6 +54,7 @@ class RolloutSettings:
     offload_frozen: bool = False
     forward_batch_size: int = 8
     stop_token_ids: tuple[int, ...] = ()  # beside EOS: a chat template's end-of-turn token (marlhf_cli.chat)
+    generation: str = "eager"  # eager | compiled (--generation, resolved at the stage's start)
 
     @classmethod
     def from_config(cls, config, forward_batch_size: int, stop_token_ids: tuple[int, ...] = ()) -> "RolloutSettings":
@@ -62,7 +63,15 @@ class RolloutSettings:
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+        return self.sampling_for(self.max_new_tokens)
+
+    def sampling_for(self, max_new_tokens: int) -> SamplingParams:
+        """The rollout's sampling settings for calls of at most ``max_new_tokens`` new tokens
+        (mc's continuations draw fewer); every call of a run fits one static-cache length."""
+        return SamplingParams(
+            self.temperature, self.top_k, self.top_p, max_new_tokens, generation=self.generation,
+            cache_length=self.max_prompt_length + self.max_new_tokens,
+        )  # fmt: skip
 
 
 @dataclass

@@ -28,6 +28,11 @@ class GenerationModel:
             self.copy.eval().requires_grad_(False)
             self.copy.to(actor.device)
 
+    @property
+    def module(self):
+        """The module that samples, as it is (its config and dtype; no weights refreshed)."""
+        return self.actor.module if self.copy is None else self.copy
+
     @torch.no_grad()
     def model(self):
         if self.copy is None:

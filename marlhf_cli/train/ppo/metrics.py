@@ -80,7 +80,7 @@ def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
-    keys = ("score", "reward", "kl", "response_length", "segment_length", "parse_fallbacks")
+    keys = ("score", "reward", "kl", "response_length", "segment_length", "parse_fallbacks", "generation_captures")
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))
     timed = durations[1:] or durations  # the first step includes one-off warm-up

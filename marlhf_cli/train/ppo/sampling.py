@@ -31,14 +31,22 @@ class SamplingParams:
     top_k: int = 50
     top_p: float = 1.0
     max_new_tokens: int = 512
+    generation: str = "eager"  # eager | compiled | auto (--generation; compiled_sampling.resolve)
+    # compiled: the longest prompt + response of the run, so one static cache serves all its calls
+    cache_length: int | None = None
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus (top-p) set to -inf. Logits are already /T."""
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float | torch.Tensor, *, nucleus: bool | None = None) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf. Logits are already /T.
+
+    ``top_p`` may be a tensor (the compiled sampler keeps it in one, so that a new value needs
+    no new recording); ``nucleus`` then says whether the nucleus filter runs (default: top_p < 1)."""
     if top_k and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
+    if nucleus is None:
+        nucleus = top_p < 1.0
+    if nucleus:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the tokens ranked above it already hold top_p of the mass
@@ -131,8 +139,25 @@ def sample(
     ``repeats``: sample each prompt that many times (rows b*repeats .. b*repeats + repeats-1
     of the output, and of ``uniforms`` and ``budgets``), its prompt's forward run once and
     its KV cache shared by the copies.
+
+    ``params.generation`` ``compiled``: the same draws through a static KV cache, each
+    token's step recorded once as a CUDA graph and replayed (:mod:`.compiled_sampling`);
+    where that cannot be had (a model or shape it does not cover, a cache that does not fit)
+    this loop samples, and the reason is said once.
     """
     net = unwrap(model)
+    generation = params.generation
+    if generation == "auto":  # not resolved at a stage's start (a benchmark, a test): by the device
+        generation = "compiled" if prompt_ids.device.type == "cuda" else "eager"
+    if generation == "compiled":
+        from .compiled_sampling import sampler_for
+
+        compiled = sampler_for(net).sample(
+            net, prompt_ids, prompt_mask, params, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+            with_logprobs=with_logprobs, uniforms=uniforms, budgets=budgets, repeats=repeats,
+        )  # fmt: skip
+        if compiled is not None:
+            return compiled
     was_training = net.training
     net.eval()
     batch = prompt_ids.shape[0] * repeats

@@ -1,0 +1,423 @@
+"""``--generation compiled`` (train/ppo/compiled_sampling.py): the static-cache sampler draws
+what the eager token loop draws, reads the weights an optimizer just wrote, keeps its
+buckets across calls, and falls back to the eager loop, saying why, where it cannot serve.
+
+On a CPU the compiled sampler runs every line but the CUDA-graph capture; tests/test_gpu.py
+checks the capture itself (graphs recorded and replayed, the same draws on CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marlhf_cli.train.forward import policy_forward
+from marlhf_cli.train.ppo import compiled_sampling, static_cache
+from marlhf_cli.train.ppo.sampling import SamplingParams, cache_argument, response_mask, sample
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+EOS, PAD = 63, 0
+
+
+def _llama(seed: int = 0, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, **overrides)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def llama():
+    return _llama()
+
+
+# left padding in two rows, one row with no padding
+PROMPT = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12], [0, 7, 7, 7, 7]])
+MASK = (torch.arange(5)[None, :] >= torch.tensor([[2], [0], [1]])).long()
+
+
+def _both(model, params, *, seed=1, prompt=PROMPT, mask=MASK, eos=EOS, **kwargs):
+    """(eager result, compiled result), each (ids, log-probs, the global generator's state after)."""
+    out = {}
+    for mode in ("eager", "compiled"):
+        torch.manual_seed(seed)
+        ids, logp = sample(model, prompt, mask, SamplingParams(**params, generation=mode), eos_token_id=eos,
+                           pad_token_id=PAD, with_logprobs=True, **kwargs)  # fmt: skip
+        out[mode] = (ids, logp, torch.get_rng_state())
+    return out["eager"], out["compiled"]
+
+
+def _agree(eager, compiled) -> float:
+    (ids_e, logp_e, state_e), (ids_c, logp_c, state_c) = eager, compiled
+    assert ids_e.shape == ids_c.shape  # the same length: the compiled loop ends where the eager one does
+    same = ids_e == ids_c
+    assert torch.allclose(logp_e[same], logp_c[same], atol=1e-5, rtol=0)
+    return float(same.float().mean())
+
+
+CASES = {
+    "plain": dict(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=40),
+    "temperature 0.7, top-k 5": dict(temperature=0.7, top_k=5, top_p=1.0, max_new_tokens=40),
+    "temperature 1.3, top-p 0.8": dict(temperature=1.3, top_k=0, top_p=0.8, max_new_tokens=40),
+    "top-k 10 and top-p 0.9": dict(temperature=0.9, top_k=10, top_p=0.9, max_new_tokens=40),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_compiled_draws_the_eager_tokens(llama, case, repeats):
+    """Same seed, fp32: the same tokens (>= 99% of positions; here every one), log-probs to
+    1e-5, the same length, and the global generator left where the eager loop leaves it."""
+    eager, compiled = _both(llama, CASES[case], repeats=repeats, eos=(EOS, 62))
+    assert _agree(eager, compiled) >= 0.99
+    assert torch.equal(eager[2], compiled[2])
+
+
+def test_eos_mid_batch_ends_the_output_where_the_eager_loop_does(llama):
+    """Rows end at different steps (eight stop ids of 64: EOS comes early and often); the
+    output stops at the last row's end, also between two of the host's every-8-tokens checks."""
+    stop_ids = tuple(range(56, 64))
+    lengths = set()
+    for seed in range(8):
+        eager, compiled = _both(llama, CASES["plain"], seed=seed, eos=stop_ids)
+        assert _agree(eager, compiled) >= 0.99
+        lengths.add(eager[0].shape[1])
+        ends = response_mask(eager[0], stop_ids)[0].sum(dim=1)
+        assert (compiled[0][:, -1:] != PAD).any() or len(set(ends.tolist())) > 1
+    assert any(n % compiled_sampling.CHECK_EVERY and n < 40 for n in lengths), lengths
+
+
+def test_per_row_uniforms_and_budgets_as_mc_gives_them(llama):
+    """mc's continuations: random numbers given per row (the global generator untouched) and a
+    budget per row; with repeats, as sample_continuations calls it."""
+    uniforms = torch.rand((6, 12), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    budgets = torch.tensor([3, 12, 7, 1, 12, 5])
+    prompt, mask = PROMPT[:2], MASK[:2]
+    torch.manual_seed(1)  # as _both seeds
+    state = torch.get_rng_state()
+    eager, compiled = _both(llama, dict(CASES["plain"], max_new_tokens=12), prompt=prompt, mask=mask, uniforms=uniforms,
+                            budgets=budgets, repeats=3)  # fmt: skip
+    assert _agree(eager, compiled) == 1.0
+    assert torch.equal(compiled[2], state) and torch.equal(eager[2], state)  # given numbers: the generator is not touched
+    for row, budget in enumerate(budgets.tolist()):
+        assert (compiled[0][row, budget:] == PAD).all()
+
+
+def test_the_compiled_log_probs_are_a_full_forwards(llama):
+    params = SamplingParams(0.7, 5, 0.9, 20, generation="compiled")
+    torch.manual_seed(2)
+    ids, logp = sample(llama, PROMPT, MASK, params, eos_token_id=EOS, pad_token_id=PAD, with_logprobs=True)
+    real, _ = response_mask(ids, EOS)
+    with torch.no_grad():
+        full, _ = policy_forward(llama, torch.cat([PROMPT, ids], 1), torch.cat([MASK, real], 1), PROMPT.shape[1], 0.7)
+    assert torch.allclose(logp[real.bool()], full[real.bool()], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", static_cache.SUPPORTED_MODEL_TYPES)
+def test_every_architecture_the_static_cache_accepts_draws_the_eager_tokens(model_type):
+    """The list of architectures is the list checked here: a tiny random model of each."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, head_dim=8, pad_token_id=PAD, bos_token_id=1,
+                 eos_token_id=EOS)  # fmt: skip
+    if model_type == "gpt2":
+        sizes = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=EOS)
+    config = AutoConfig.for_model(model_type, **sizes)
+    if static_cache.unsupported(config, 64) is not None:  # a default window shorter than the test's cache
+        config.sliding_window = None
+    assert static_cache.unsupported(config, 64) is None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    eager, compiled = _both(model, dict(CASES["plain"], max_new_tokens=24), repeats=2)
+    assert _agree(eager, compiled) >= 0.99
+    assert compiled_sampling.captures(model) == 1  # it ran compiled, not through the fallback
+
+
+def test_the_step_reads_nothing_back_to_the_host():
+    """A CUDA graph cannot record a step that reads a value back (.item(), a Python branch on a
+    tensor): on the meta device, which holds no values, any such read raises. The whole step,
+    the model's forward with top-k and top-p included, runs there."""
+    with torch.device("meta"):
+        model = _llama()
+    shape = compiled_sampling.Shape(rows=4, length=64, top_k=5, nucleus=True, stops=(EOS, 62), pad=PAD,
+                                    dtype=torch.float32, device=torch.device("meta"))  # fmt: skip
+    bucket = compiled_sampling.Bucket(model, shape, cache_argument(model))
+    with torch.no_grad():
+        bucket.decode(model)
+    with pytest.raises(RuntimeError, match="meta"):  # the control: a read-back does raise there
+        bool(bucket.finished.all())
+
+
+def _sampled_logprobs(model, seed=3):
+    params = SamplingParams(1.0, 0, 1.0, 16, generation="compiled")
+    torch.manual_seed(seed)
+    ids, logp = sample(model, PROMPT, MASK, params, eos_token_id=EOS, pad_token_id=PAD, with_logprobs=True)
+    real, _ = response_mask(ids, EOS)
+    with torch.no_grad():
+        full, _ = policy_forward(model, torch.cat([PROMPT, ids], 1), torch.cat([MASK, real], 1), PROMPT.shape[1], 1.0)
+    return logp[real.bool()], full[real.bool()]
+
+
+def test_after_an_optimizer_step_the_sampler_reads_the_new_weights(llama):
+    """The classic defect of a recorded step is replaying stale weights: after one AdamW step,
+    the same bucket's log-probs are a fresh forward's with the new weights."""
+    before, _ = _sampled_logprobs(llama)
+    optimizer = torch.optim.AdamW(llama.parameters(), lr=0.05)
+    ids = torch.cat([PROMPT, PROMPT], 1)
+    llama.train()
+    llama(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    llama.eval()
+    sampled, fresh = _sampled_logprobs(llama)
+    assert torch.allclose(sampled, fresh, atol=2e-5, rtol=0)
+    assert compiled_sampling.captures(llama) == 1  # the same bucket, updated in place
+    assert not torch.allclose(before[: len(sampled)], sampled[: len(before)], atol=1e-3)  # the weights did move
+
+
+def test_a_replaced_parameter_makes_the_buckets_afresh(llama):
+    """``param.data = ...`` moves a weight to new memory, which a recording would never see:
+    the addresses are checked before every call, and a change makes every bucket again."""
+    _sampled_logprobs(llama)
+    assert compiled_sampling.captures(llama) == 1
+    with torch.no_grad():
+        llama.model.layers[0].mlp.up_proj.weight.data = llama.model.layers[0].mlp.up_proj.weight.data * 3.0
+    sampled, fresh = _sampled_logprobs(llama)
+    assert torch.allclose(sampled, fresh, atol=2e-5, rtol=0)
+    assert compiled_sampling.captures(llama) == 2
+
+
+def test_lora_adapters_are_sampled_through_and_read_live():
+    """peft's adapter path runs inside the step (not merged): the draws are the eager ones, and
+    an optimizer step on the adapters alone is seen by the next call."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_llama(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    eager, compiled = _both(model, CASES["temperature 0.7, top-k 5"])
+    assert _agree(eager, compiled) >= 0.99
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    ids = torch.cat([PROMPT, PROMPT], 1)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    sampled, fresh = _sampled_logprobs(model)
+    assert torch.allclose(sampled, fresh, atol=2e-5, rtol=0)
+
+
+def test_buckets_serve_smaller_calls_and_the_count_stays_flat(llama):
+    """Rows round up to a power of two and lengths to the run's longest prompt + response, and a
+    bucket serves any call it covers: after the largest call, no new bucket is made."""
+    def call(rows, width, new_tokens):
+        prompt = torch.randint(1, 60, (rows, width), generator=torch.Generator().manual_seed(rows * width))
+        params = SamplingParams(1.0, 0, 1.0, new_tokens, generation="compiled", cache_length=64 + 32)
+        return sample(llama, prompt, torch.ones_like(prompt), params, eos_token_id=EOS, pad_token_id=PAD)
+
+    call(8, 64, 32)
+    assert compiled_sampling.captures(llama) == 1
+    for rows, width, new_tokens in [(8, 40, 32), (5, 64, 16), (1, 10, 32), (3, 30, 2)]:
+        assert call(rows, width, new_tokens).shape[0] == rows
+    assert compiled_sampling.captures(llama) == 1
+    (only,) = compiled_sampling.sampler_for(llama).buckets
+    assert (only.rows, only.length) == (8, 128)  # 96 rounded up to 64s
+
+
+def test_a_bucket_that_does_not_fit_samples_eagerly_and_says_so_once(llama, monkeypatch):
+    said = []
+    monkeypatch.setattr(compiled_sampling, "free_bytes", lambda device: 1000)
+    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    eager, compiled = _both(llama, CASES["plain"])
+    eager2, compiled2 = _both(llama, CASES["plain"], seed=2)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager2[0], compiled2[0])
+    assert compiled_sampling.captures(llama) == 0
+    assert len(said) == 1 and said[0].startswith("generation: the static cache for 4 rows x 64 tokens needs ~")
+    assert "is free: eager decoding for this shape" in said[0]
+
+
+def test_a_model_the_static_cache_does_not_cover_samples_eagerly(monkeypatch):
+    """Not on the list (here: a sliding window shorter than the sequence), or found at run time
+    to do what its config did not say (a head count, positions read from the cache)."""
+    said = []
+    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    windowed = _llama()
+    windowed.config.sliding_window, windowed.config.layer_types = 16, ["sliding_attention"] * 2
+    eager, compiled = _both(windowed, CASES["plain"])
+    assert torch.equal(eager[0], compiled[0]) and compiled_sampling.captures(windowed) == 0
+    assert said == ["generation: eager, not compiled: sliding-window attention over 16 tokens, shorter than the 64 to sample"]
+
+    model = _llama()
+    monkeypatch.setattr(static_cache.StaticKVCache, "get_seq_length", lambda self, layer_idx=0: (_ for _ in ()).throw(
+        static_cache.StaticCacheMismatch("the model reads positions from its cache")))  # fmt: skip
+    original = model.model.forward
+
+    def reads_positions(*args, **kwargs):  # a model that asks its cache where it is
+        getattr(kwargs.get("cache") or kwargs.get("past_key_values"), "get_seq_length", lambda: 0)()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", reads_positions)
+    eager, compiled = _both(model, CASES["plain"])
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[2], compiled[2])  # the random state restored
+    assert said[-1] == "generation: eager, not compiled: the model reads positions from its cache"
+
+
+def test_auto_is_compiled_on_cuda_and_eager_on_a_cpu(monkeypatch):
+    assert compiled_sampling.resolve("eager") == ("eager", None)
+    assert compiled_sampling.resolve("compiled") == ("compiled", None)
+    mode, why = compiled_sampling.resolve("auto")
+    assert mode == ("compiled" if torch.cuda.is_available() else "eager") and why
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert compiled_sampling.resolve("auto") == ("compiled", "CUDA (NVIDIA H100 80GB HBM3): one recorded step per token")
+
+
+def test_the_start_up_line_states_the_cache(llama):
+    line = compiled_sampling.start_line("compiled", None, llama.config, rows=24, length=600, dtype=torch.bfloat16, device="cpu")
+    # 2 layers x (keys, values) x 32 rows x 2 heads x 640 columns x 8 dims x 2 bytes = 2.5 MiB
+    assert line == ("generation: compiled, on a CPU: the static-cache steps without CUDA graphs; "
+                    "static KV cache 2.5 MiB for 32 rows x 640 tokens")  # fmt: skip
+    assert compiled_sampling.start_line("eager", None, llama.config, rows=8, length=64, dtype=torch.float32, device="cpu") is None
+    auto = compiled_sampling.start_line("eager", "a CPU", llama.config, rows=8, length=64, dtype=torch.float32, device="cpu")
+    assert auto == "generation: eager (--generation auto: a CPU)"
+    assert static_cache.cache_bytes(llama.config, 32, 640, torch.bfloat16) == 2 * 2 * 32 * 2 * 640 * 8 * 2
+
+
+# ---------------------------------------------------------------------------------------
+# the stages: --generation compiled through ppo (rollouts, mc's continuations, evaluation,
+# LoRA), bon and passk, on the tiny model
+
+
+def _ppo_rows(tmp_path, generation: str, **flags) -> list[dict]:
+    from marlhf_cli import config as config_module
+    from marlhf_cli.artifacts import read_jsonl
+    from marlhf_cli.train import ppo
+
+    base = dict(policy="tiny", reward_model="tiny", dataset="tldr", rollout_batch_size=2, mini_batch_size=4,
+                max_new_tokens=8, max_prompt_length=48, max_steps=2, eval_every=1, eval_prompts=2, save_every=0,
+                actor_lr=1e-3, seed=5, run_dir=str(tmp_path / generation), generation=generation, name="run")  # fmt: skip
+    ppo.run(config_module.resolve("ppo", flags={**base, **flags}))
+    volatile = ("time", "tokens_per_second", "generation_captures")
+    return [{k: v for k, v in row.items() if k not in volatile and not k.endswith("_time")}
+            for row in read_jsonl(tmp_path / generation / "metrics" / "ppo-run.jsonl")]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [
+    dict(advantage="mc", samples_per_prompt=2, mc_rollouts=2, termination="fixed", n=3),
+    dict(lora_rank=4, termination="fixed", n=5, critic_lr=1e-3, mini_batch_size=2),
+], ids=["mc", "lora"])  # fmt: skip
+def test_a_ppo_run_samples_the_same_compiled_as_eager(tmp_path, capfd, flags):
+    """Rollouts, mc's continuations (per-row numbers, budgets, repeats), held-out evaluation and
+    LoRA adapters: the compiled run's every logged figure is the eager run's, to float rounding,
+    and the run made its buckets in its first step and no more after."""
+    eager = _ppo_rows(tmp_path, "eager", **flags)
+    compiled = _ppo_rows(tmp_path, "compiled", **flags)
+    assert [(r["split"], r["step"]) for r in compiled] == [(r["split"], r["step"]) for r in eager]
+    for a, b in zip(compiled, eager):
+        numbers = {k for k, v in b.items() if isinstance(v, float)}
+        assert {k: a[k] for k in numbers} == pytest.approx({k: b[k] for k in numbers}, rel=1e-3, abs=1e-4), (a["split"], a["step"])
+    from marlhf_cli.artifacts import read_jsonl
+
+    captures = [r["generation_captures"] for r in read_jsonl(tmp_path / "compiled" / "metrics" / "ppo-run.jsonl") if r["split"] == "train"]
+    assert captures[0] >= 1 and len(set(captures)) == 1, captures
+    assert "generation: compiled, on a CPU: the static-cache steps without CUDA graphs; static KV cache" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_bon_and_passk_sample_the_same_compiled_as_eager(tmp_path, capfd):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    def bon(generation):
+        run = tmp_path / f"bon-{generation}"
+        result = CliRunner().invoke(app, [
+            "bon", "--policy", "tiny", "--reward-model", "tiny", "--dataset", "tldr", "--max-records", "2", "--n", "2",
+            "--temperature", "0.7", "--max-new-tokens", "8", "--max-prompt-length", "48", "--batch-size", "4",
+            "--run-dir", str(run), "--generation", generation,
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return json.loads((run / "bon" / "tiny" / "t0.7.json").read_text())["rows"]
+
+    def passk(generation):
+        run = tmp_path / f"passk-{generation}"
+        problems = tmp_path / "problems.jsonl"
+        problems.write_text("".join(json.dumps({"question": f"Print {i}.", "inputs": [""], "outputs": [f"{i}\n"], "difficulty": "introductory"}) + "\n" for i in range(3)))
+        result = CliRunner().invoke(app, [
+            "passk", "--model", "tiny", "--data-file", str(problems), "--n", "2", "--k", "1", "--max-new-tokens", "8",
+            "--max-prompt-length", "48", "--batch-size", "4", "--run-dir", str(run), "--generation", generation,
+            "--reward", "py:" + str(_WRITE_REWARD(tmp_path)) + ":score",
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return [row["response"] for row in (json.loads(line) for line in (run / "passk" / "tiny-samples.jsonl").read_text().splitlines())]
+
+    assert bon("compiled") == bon("eager")
+    assert passk("compiled") == passk("eager")
+
+
+def _WRITE_REWARD(tmp_path):
+    path = tmp_path / "length_reward.py"
+    path.write_text("def score(prompts, completions, **kwargs):\n    return [float(len(c)) / 100 for c in completions]\n")
+    return path
+
+
+def engine_step_then_sample(device: str, dtype: str, zero_stage: int) -> dict:
+    """A DeepSpeed engine around the tiny policy: sample compiled, one optimizer step, sample
+    again. Returns the buckets made before and after the step, and the sampled log-probs of
+    the second call beside a fresh forward's with the new weights and with the old ones.
+    (tests/test_gpu.py runs it on CUDA, where the sampler replays a recorded graph.)"""
+    import copy
+
+    from marlhf_cli import config as config_module, engine as eng
+    from marlhf_cli.models import load_causal_lm, load_tokenizer
+    from marlhf_cli.train.forward import disable_dropout
+    from marlhf_cli.train.ppo.experience import tokenize_prompts
+
+    config = config_module.resolve("ppo", flags=dict(dtype=dtype, zero_stage=zero_stage, rollout_batch_size=2, mini_batch_size=2))
+    model = load_causal_lm("tiny", dtype=dtype).to(device)
+    disable_dropout(model)
+    engine = eng.build_engine(model, config, lr=3e-2, batch_size=2, total_steps=4)
+    tokenizer = load_tokenizer("tiny", padding_side="left")
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, ["Tell me about cats.", "Rain?"], 16, engine.device)
+
+    def sampled():
+        torch.manual_seed(0)
+        params = SamplingParams(1.0, 0, 1.0, 12, generation="compiled", cache_length=28)
+        ids, logp = sample(engine, prompt_ids, prompt_mask, params, eos_token_id=eos, pad_token_id=pad, with_logprobs=True)
+        real, _ = response_mask(ids, eos)
+        return ids, logp, real
+
+    sampled()
+    made = compiled_sampling.captures(engine)
+    old = copy.deepcopy(engine.module).eval()
+    sequences = torch.cat([prompt_ids, prompt_ids], 1)
+    engine.train()
+    loss = engine(input_ids=sequences, attention_mask=torch.cat([prompt_mask, prompt_mask], 1), labels=sequences).loss
+    engine.backward(loss)
+    engine.step()
+    ids, logp, real = sampled()
+    full = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, real], 1), prompt_ids.shape[1], 1.0
+    with torch.no_grad():
+        fresh, _ = policy_forward(engine.module, *full)
+        stale, _ = policy_forward(old, *full)
+    keep = real.bool()
+    return {"made_before": made, "made_after": compiled_sampling.captures(engine), "sampled": logp[keep].float().cpu(),
+            "fresh": fresh[keep].float().cpu(), "stale": stale[keep].float().cpu(), "engine": engine}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, zero_stage", [("fp32", 0), ("bf16", 2)])
+def test_deepspeed_updates_the_weights_in_place_so_a_recording_reads_them(dtype, zero_stage):
+    """DeepSpeed's engines (fp32, and bf16 with ZeRO 2, whose parameters are views of its flat
+    buffers) write a step's weights where they were: the sampler makes no new bucket, and its
+    log-probs are the new weights', not the old ones'."""
+    got = engine_step_then_sample("cpu", dtype, zero_stage)
+    assert got["made_after"] == got["made_before"] == 1
+    gap = (got["sampled"] - got["fresh"]).abs()
+    moved = (got["stale"] - got["fresh"]).abs().mean()
+    tolerance = 2e-5 if dtype == "fp32" else 0.05
+    assert float(gap.max()) < (tolerance if dtype == "fp32" else 0.25) and float(gap.mean()) < tolerance
+    assert float(moved) > max(20 * float(gap.mean()), 0.05)  # stale weights would have been told apart
