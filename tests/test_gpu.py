@@ -123,9 +123,10 @@ def test_zero_stages_0_to_3_give_the_same_first_step(pipeline, toy):
 
 
 def test_kv_cached_sampler_log_probs_match_a_full_forward(record_property):
-    """The sampler's log-probs (the old log-probs of an fp32 run) against one full forward over
+    """The samplers' log-probs (the old log-probs of an fp32 run) against one full forward over
     [prompt | response], on SmolLM2-135M's shape: to float rounding in fp32, within bf16's
-    rounding in bf16 (where the rollout takes the old log-probs from a forward instead)."""
+    rounding in bf16 (where the rollout takes the old log-probs from a forward instead); the
+    compiled sampler's gap within twice the eager one's, measured in the same run."""
     from marlhf_cli.models import load_causal_lm, load_tokenizer
     from marlhf_cli.train.forward import policy_forward
     from marlhf_cli.train.ppo.experience import tokenize_prompts
@@ -156,6 +157,10 @@ def test_kv_cached_sampler_log_probs_match_a_full_forward(record_property):
         record_property(f"{name}_mean_abs_gap", float(gap.mean()))
         assert float(gap.max()) < tolerance, (name, float(gap.max()))
         assert float(gap.mean()) < tolerance / 5, (name, float(gap.mean()))
+        if generation == "eager":
+            eager_gap = float(gap.max())
+        else:  # the static cache's rounding stays within the eager sampler's (H200: bf16 max 0.0028)
+            assert float(gap.max()) <= 2 * eager_gap + 1e-3, (name, float(gap.max()), eager_gap)
     _used_the_gpu()
 
 

@@ -87,20 +87,20 @@ tests_stage() {
 }
 
 speed_stage() {
-    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} small large batches rounds lora mc trl
+    local trl_python=${MARLHF_TRL_PYTHON:-$(command -v "$PYTHON")} small large batches large_batches rounds lora mc trl
     local small_name large_name  # the shapes' names in the files' names
     if [ "$DEVICE" = cuda ]; then  # ~5 minutes on an H100 (the limits are caps, not estimates)
-        small=random:smollm2-135m large=random:smollm2-1.7b batches=8x64,64x128 rounds=2 lora=16
+        small=random:smollm2-135m large=random:smollm2-1.7b batches=8x64,64x128 large_batches=$batches rounds=2 lora=16
         small_name=smollm2-135m large_name=smollm2-1.7b
         mc=(--prompts 8 --k 4 --new-tokens 64) trl=(--steps 8 --warmup 2)
     else  # the dry run: the tiny model, small batches, one round
-        small=tiny large=tiny batches=2x8,4x16 rounds=1 lora=4 small_name=tiny large_name=tiny-as-large
+        small=tiny large=tiny batches=2x8,4x16 large_batches=2x8 rounds=1 lora=4 small_name=tiny large_name=tiny-as-large
         mc=(--prompts 2 --k 2 --new-tokens 8) trl=(--steps 3 --warmup 1)
     fi
     local device=(--device "$DEVICE" --dtype bf16 --threads "$THREADS")
     part "decode $small_name" 110 "$PYTHON" benchmarks/decode_cost.py --model "$small" --batches "$batches" \
         --rounds "$rounds" "${device[@]}" --json "$OUT/decode-$small_name.json"
-    part "decode $large_name" 170 "$PYTHON" benchmarks/decode_cost.py --model "$large" --batches "$batches" \
+    part "decode $large_name" 170 "$PYTHON" benchmarks/decode_cost.py --model "$large" --batches "$large_batches" \
         --rounds 1 "${device[@]}" --json "$OUT/decode-$large_name.json"
     part "LoRA $large_name" 90 "$PYTHON" benchmarks/decode_cost.py --model "$large" --lora-rank "$lora" \
         --batches "${batches%%,*}" --generations compiled --rounds 1 "${device[@]}" --json "$OUT/decode-$large_name-lora$lora.json"
@@ -112,7 +112,7 @@ speed_stage() {
     elif [ "$DEVICE" = cuda ]; then
         FAILED+=("vs_trl: $trl_python cannot import trl (install trl==1.12.0)")
     else
-        echo "## vs_trl: SKIPPED in the dry run: $trl_python cannot import trl (pip install --no-deps trl==1.12.0)"
+        echo "## vs_trl $small_name: SKIPPED in the dry run: $trl_python cannot import trl (pip install --no-deps trl==1.12.0)"
     fi
     part "speed report" 60 "$PYTHON" "$HERE/speed_report.py" "$OUT"
 }
