@@ -247,18 +247,19 @@ def test_a_model_the_static_cache_does_not_cover_samples_eagerly(monkeypatch):
     assert said == ["generation: eager, not compiled: sliding-window attention over 16 tokens, shorter than the 64 to sample"]
 
     model = _llama()
-    monkeypatch.setattr(static_cache.StaticKVCache, "get_seq_length", lambda self, layer_idx=0: (_ for _ in ()).throw(
-        static_cache.StaticCacheMismatch("the model reads positions from its cache")))  # fmt: skip
     original = model.model.forward
 
-    def reads_positions(*args, **kwargs):  # a model that asks its cache where it is
-        getattr(kwargs.get("cache") or kwargs.get("past_key_values"), "get_seq_length", lambda: 0)()
+    def reads_positions(*args, **kwargs):  # a model that asks its cache where it is (Falcon does)
+        cache = kwargs.get("cache") or kwargs.get("past_key_values")
+        if cache is not None:
+            cache.get_seq_length()
         return original(*args, **kwargs)
 
     monkeypatch.setattr(model.model, "forward", reads_positions)
     eager, compiled = _both(model, CASES["plain"])
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[2], compiled[2])  # the random state restored
-    assert said[-1] == "generation: eager, not compiled: the model reads positions from its cache"
+    assert said[-1] == ("generation: eager, not compiled: the model reads positions from its cache; "
+                        "the static cache is used with explicit position ids")  # fmt: skip
 
 
 def test_auto_is_compiled_on_cuda_and_eager_on_a_cpu(monkeypatch):
@@ -348,7 +349,7 @@ def test_bon_and_passk_sample_the_same_compiled_as_eager(tmp_path, capfd):
         result = CliRunner().invoke(app, [
             "passk", "--model", "tiny", "--data-file", str(problems), "--n", "2", "--k", "1", "--max-new-tokens", "8",
             "--max-prompt-length", "48", "--batch-size", "4", "--run-dir", str(run), "--generation", generation,
-            "--reward", "py:" + str(_WRITE_REWARD(tmp_path)) + ":score",
+            "--reward", f"py:{_length_reward(tmp_path)}:score",
         ])  # fmt: skip
         assert result.exit_code == 0, result.output
         return [row["response"] for row in (json.loads(line) for line in (run / "passk" / "tiny-samples.jsonl").read_text().splitlines())]
@@ -357,7 +358,7 @@ def test_bon_and_passk_sample_the_same_compiled_as_eager(tmp_path, capfd):
     assert passk("compiled") == passk("eager")
 
 
-def _WRITE_REWARD(tmp_path):
+def _length_reward(tmp_path):
     path = tmp_path / "length_reward.py"
     path.write_text("def score(prompts, completions, **kwargs):\n    return [float(len(c)) / 100 for c in completions]\n")
     return path

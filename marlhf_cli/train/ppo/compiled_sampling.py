@@ -329,8 +329,12 @@ def start_line(mode: str, why: str | None, config, *, rows: int, length: int, dt
     if reason is not None:
         return f"generation: eager, not compiled: {reason}"
     auto = f" (--generation auto: {why})" if why else ""
-    how = "each token's step recorded once as a CUDA graph" if torch.device(device).type == "cuda" else "on a CPU: the static-cache steps without CUDA graphs"
-    return f"generation: compiled{auto}, {how}; static KV cache {_size(cache_bytes(config, rows, length, dtype))} for {rows} rows x {length} tokens"
+    if torch.device(device).type == "cuda":
+        how = "each token's step recorded once as a CUDA graph"
+    else:
+        how = "on a CPU: the static-cache steps without CUDA graphs"
+    size = _size(cache_bytes(config, rows, length, dtype))
+    return f"generation: compiled{auto}, {how}; static KV cache {size} for {rows} rows x {length} tokens"
 
 
 def settle(config, model, *, rows: int, device, say) -> None:
