@@ -202,6 +202,15 @@ def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None)
     return [f"--resume: applying {change} (no training step depends on it)" for change in applied]
 
 
+def nothing_to_resume(root: str | Path) -> UserError:
+    """The error of ``--resume`` where no checkpoint is (as Hugging Face's Trainer refuses
+    ``resume_from_checkpoint=True`` then): a typo in ``--run-dir`` must not start afresh."""
+    return UserError(
+        f"--resume: no checkpoint in {root}: nothing to resume (check --run-dir; "
+        "a run stopped before its first checkpoint starts again without --resume)"
+    )
+
+
 def check_unfinished(folder: str | Path) -> None:
     """Refuse to resume a checkpoint that :func:`retire` emptied: its run finished."""
     state = read_state(folder)

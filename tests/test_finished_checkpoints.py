@@ -38,3 +38,28 @@ def test_a_finished_stage_keeps_only_the_trainer_state_of_its_checkpoints(tmp_pa
     assert "finished all its 3 steps" in message and "step 2" not in message
     changed = CliRunner().invoke(app, [*args, "--batch-size", "4", "--resume"])
     assert changed.exit_code == 2 and "--batch-size was 2, now 4" in " ".join(changed.output.split())  # options are still compared
+
+
+def test_resume_with_no_checkpoint_is_an_error_not_a_fresh_run(tmp_path, monkeypatch):
+    """A typo in --run-dir used to become a run from scratch: --resume with nothing to resume
+    is one line and exit 2 (as Hugging Face's Trainer refuses resume_from_checkpoint=True),
+    for ppo before any model is loaded."""
+    from marlhf_cli.train import ppo
+
+    data = write_toy_preferences(tmp_path / "prefs.jsonl")
+    typo = tmp_path / "runs-typo"
+    sft = CliRunner().invoke(app, ["sft", "--model", "tiny", "--dataset", str(data), "--run-dir", str(typo), "--max-steps", "2",
+                                   "--batch-size", "2", "--resume"])  # fmt: skip
+    assert sft.exit_code == 2
+    message = sft.output.strip().splitlines()[-1]
+    assert message.startswith(f"error: --resume: no checkpoint in {typo / 'sft' / 'checkpoints'}") and "nothing to resume" in message
+    assert not (typo / "sft" / "config.json").exists()
+
+    def no_models(*args, **kwargs):
+        raise AssertionError("models were loaded for a run with nothing to resume")
+
+    monkeypatch.setattr(ppo, "build_models", no_models)
+    refused = CliRunner().invoke(app, ["ppo", "--policy", "tiny", "--reward-model", "tiny", "--dataset", str(data),
+                                       "--run-dir", str(typo), "--resume"])  # fmt: skip
+    assert refused.exit_code == 2, refused.output
+    assert f"error: --resume: no checkpoint in {typo / 'ppo' / 'fixed5' / 'checkpoints'}" in " ".join(refused.output.split())

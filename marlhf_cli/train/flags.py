@@ -60,7 +60,7 @@ EvalEveryOption = Annotated[Optional[int], _opt("--eval-every", "Evaluate on hel
 SaveEveryOption = Annotated[Optional[int], _opt("--save-every", "Write a resume checkpoint every N steps; 0 = never. [default: 200]")]
 ResumeOption = Annotated[
     Optional[bool],
-    typer.Option("--resume/--no-resume", help="Continue from the stage's last checkpoint in the run directory (model, optimizer, schedule, data position, RNG).", show_default=False),
+    typer.Option("--resume/--no-resume", help="Continue from the stage's last checkpoint in the run directory (model, optimizer, schedule, data position, RNG); an error when there is none.", show_default=False),
 ]
 PackingOption = Annotated[
     Optional[bool],
@@ -166,7 +166,7 @@ MaxSteps = Annotated[Optional[int], _opt("--max-steps", "PPO steps (rollout + up
 EvalEvery = Annotated[Optional[int], _opt("--eval-every", "Mean reward on held-out prompts before training, every N steps and at the end; 0 = only at the end. [default: 10]")]
 EvalPrompts = Annotated[Optional[int], _opt("--eval-prompts", "Held-out prompts per evaluation (0 turns evaluation off). [default: 64]")]
 SaveEvery = Annotated[Optional[int], _opt("--save-every", "Resume checkpoint (actor, critic, optimizers, schedules, RNG) every N steps; 0 = never. [default: 20]")]
-Resume = Annotated[Optional[bool], _switch("--resume", "Continue from the run's last checkpoint (same options and seed reproduce the uninterrupted run).")]
+Resume = Annotated[Optional[bool], _switch("--resume", "Continue from the run's last checkpoint (same options and seed reproduce the uninterrupted run); an error when there is none.")]
 OffloadFrozen = Annotated[Optional[bool], _switch("--offload-frozen", "Keep the reference and reward model in CPU memory between their forwards. [default: off]")]
 
 # comparison

@@ -205,7 +205,8 @@ def run_fingerprint(task: Task, config: Any, batch_size: int, steps: int) -> dic
 
 
 def resume_point(config: Any, checkpoint_dir: Path, say: Callable[[str], None]) -> Path | None:
-    """The checkpoint to resume (``--resume``), or None for a fresh run, whose stale checkpoints go."""
+    """The checkpoint to resume (``--resume``; none is a one-line error), or None for a fresh
+    run, whose stale checkpoints go."""
     if not getattr(config, "resume", False):
         if eng.is_main() and checkpoints.list_checkpoints(checkpoint_dir):
             say(f"fresh run: removing old checkpoints in {checkpoint_dir} (pass --resume to continue them)")
@@ -213,7 +214,7 @@ def resume_point(config: Any, checkpoint_dir: Path, say: Callable[[str], None]) 
         return None
     found = eng.broadcast_object(checkpoints.latest_checkpoint(checkpoint_dir))
     if found is None:
-        say(f"--resume: no checkpoint in {checkpoint_dir} yet; starting from step 0")
+        raise checkpoints.nothing_to_resume(checkpoint_dir)
     return found
 
 

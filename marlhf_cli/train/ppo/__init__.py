@@ -62,7 +62,7 @@ from ...wording import count
 from .. import common
 from ..monitor import Monitor
 from . import compiled_sampling, credit, stopping
-from .checkpointing import checkpoint_root, latest_common, resume, save
+from .checkpointing import check_resumable, checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs
 from .evaluation import evaluate, held_out_prompts
@@ -76,6 +76,7 @@ from .settings import (
     describe,
     fingerprint,
     group_size,
+    is_critic_free,
     make_reward,
     model_sources,
     responses_per_step,
@@ -94,21 +95,25 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     # inputs: the policy (actor and reference), the critic's and the reward's source, prompts
     common.start(config)
     check_options(config)
+    # resolved before anything is fingerprinted (as --dtype auto is), so a resume compares it
+    config.generation, generation_why = compiled_sampling.resolve(config.generation)
     run_dir = RunDir(config.run_dir)
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
+    root = checkpoint_root(run_dir, name)
+    expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
+    if config.resume:  # before any model loads: nothing to resume, or a changed option, is one line
+        check_resumable(root, expected, config, critic=not is_critic_free(config))
     held_out = held_out_prompts(config)
     common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
     reward = reward_fn or make_reward(config)
     if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
         reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
     models = build_models(config, policy, reward_model, reward)
-    compiled_sampling.settle(config, models.sampler.module, rows=responses_per_step(config) // eng.world_size(),
-                             device=models.device, say=common.say)  # fmt: skip
+    compiled_sampling.announce(config, generation_why, models.sampler.module, device=models.device, say=common.say,
+                               rows=responses_per_step(config) // eng.world_size())  # fmt: skip
     ctx = make_context(config, models, prompts.records)
-    root = checkpoint_root(run_dir, name)
-    expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
     start = _resume_or_start_fresh(ctx, run_dir, name, root, expected)
     inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)

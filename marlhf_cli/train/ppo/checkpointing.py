@@ -39,13 +39,23 @@ def latest_common(root: Path, critic: bool = True) -> tuple[Path, Path | None] |
     return (actors[common_tags[-1]], critics[common_tags[-1]]) if common_tags else None
 
 
+def check_resumable(root: Path, expected: dict, config: Any, *, critic: bool) -> None:
+    """``--resume`` needs a complete checkpoint under ``root``, written with these options, of
+    a run that has not finished: a one-line error otherwise, before any model is loaded (a
+    mistyped ``--run-dir`` or ``--name`` must not become a run from scratch)."""
+    found = latest_common(root, critic=critic)
+    if found is None:
+        raise checkpoints.nothing_to_resume(root)
+    checkpoints.check_fingerprint(found[0], expected, config)  # the notes are said when it loads
+    checkpoints.check_unfinished(found[0])
+
+
 def resume(ctx: Any, root: Path, expected: dict) -> int:
     """Restore actor, critic (model, optimizer, scheduler, RNG); return the step to continue at."""
     with_critic = ctx.models.critic is not None
     found = eng.broadcast_object(latest_common(root, critic=with_critic))
     if found is None:
-        common.say(f"--resume: no checkpoint in {root} yet; starting from step 0")
-        return 0
+        raise checkpoints.nothing_to_resume(root)
     actor_dir, critic_dir = found
     for note in checkpoints.check_fingerprint(actor_dir, expected, ctx.config):
         common.say(note)

@@ -337,13 +337,19 @@ def start_line(mode: str, why: str | None, config, *, rows: int, length: int, dt
     return f"generation: compiled{auto}, {how}; static KV cache {size} for {rows} rows x {length} tokens"
 
 
-def settle(config, model, *, rows: int, device, say) -> None:
-    """``config.generation`` resolved for this machine (``auto``: :func:`resolve`), and the
-    stage's start-up line said: ``rows`` sequences per call, ``model`` the module that samples."""
-    config.generation, why = resolve(config.generation)
+def announce(config, why: str | None, model, *, rows: int, device, say) -> None:
+    """Say the stage's start-up line (:func:`start_line`) for ``config.generation``, resolved:
+    ``rows`` sequences per call, ``model`` the module that samples."""
     line = start_line(
         config.generation, why, model.config, rows=rows, length=config.max_prompt_length + config.max_new_tokens,
         dtype=next(model.parameters()).dtype, device=device,
     )  # fmt: skip
     if line:
         say(line)
+
+
+def settle(config, model, *, rows: int, device, say) -> None:
+    """``config.generation`` resolved for this machine (``auto``: :func:`resolve`), then
+    :func:`announce`d (a stage that fingerprints its options resolves before, as ppo does)."""
+    config.generation, why = resolve(config.generation)
+    announce(config, why, model, rows=rows, device=device, say=say)
