@@ -13,6 +13,7 @@ import typer
 from . import __version__, options
 from .accepts import X_AXES, flag_name, one_of
 from .errors import UserError
+from .help_panels import GroupedHelp
 from .evaluate import flags as eval_flags
 from .rewards import flags as passk_flags
 from .train import flags
@@ -51,7 +52,7 @@ def root(
     """MA-RLHF: RLHF with macro actions."""
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(options.COMMON)
 def segment(
@@ -115,7 +116,7 @@ def segment(
     preview.run(config, file)
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
 def sft(
@@ -135,7 +136,7 @@ def sft(
     stage.run(config)
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
 def rm(
@@ -155,7 +156,7 @@ def rm(
     stage.run(config)
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, options.RUN_DIR, options.COMMON)
 def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags.XAxis = None, **shared: Any) -> None:
@@ -166,7 +167,7 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
 
     Examples: marlhf ppo --termination ppl (MA-PPO); marlhf ppo --termination fixed --n 1 (vanilla PPO);
     marlhf ppo --preset cpu-tiny; marlhf ppo --resume; marlhf ppo --compare vanilla fixed5 ppl;
-    marlhf ppo --advantage grpo --dataset prompts.jsonl --reward py:my_rewards.py:accuracy
+    marlhf ppo --advantage grpo --dataset prompts.jsonl --reward py:my_rewards.py:accuracy;
     marlhf ppo --advantage mc --termination fixed --n 8 (Monte-Carlo segment advantages, no critic)
     """
     dry_run = shared.pop("dry_run") and not compare  # --compare draws finished runs: nothing to print
@@ -187,7 +188,7 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
     stage.run(config)
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(options.RUN_DIR, options.COMMON)
 def bon(
@@ -230,7 +231,7 @@ def bon(
     stage.run(config)
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(options.RUN_DIR, options.COMMON)
 def judge(
@@ -283,7 +284,7 @@ def judge(
         raise typer.Exit(code=1)
 
 
-@app.command()
+@app.command(cls=GroupedHelp)
 @options.user_errors
 @options.with_flags(options.RUN_DIR, options.COMMON)
 def passk(

@@ -47,3 +47,28 @@ def test_help_points_only_at_what_the_repository_has(name):
     command = COMMAND.commands[name]
     texts = [command.help or "", *(getattr(param, "help", None) or "" for param in command.params)]
     assert [text for text in texts if "shared/" in text] == []
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_sits_in_a_named_panel(name):
+    """Grouped help (marlhf_cli/help_panels.py): a new flag must be given its panel."""
+    from marlhf_cli.help_panels import ORDER
+
+    command = COMMAND.commands[name]
+    for param in command.params:
+        if param.param_type_name == "option":
+            assert getattr(param, "rich_help_panel", None) in ORDER, f"{name} {param.opts[0]} has no panel"
+    result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+    headings = [line[:-1] for line in result.output.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert "Options" not in headings  # nothing left ungrouped, --help included
+    assert [h for h in headings if h != "Arguments"] == [p for p in ORDER if p in headings]  # in the table's order
+
+
+def test_ppo_help_is_grouped_as_a_trl_user_looks_for_it():
+    result = CliRunner().invoke(app, ["ppo", "--help"], env={"COLUMNS": "80"})
+    headings = [line[:-1] for line in result.output.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert headings == ["Arguments", "Data", "Model", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
+                        "Checkpoints", "Distributed and memory", "Compare runs", "Run"]  # fmt: skip
+    section = result.output.split("\nSampling:\n")[1].split("\n\n")[0]
+    assert all(flag in section for flag in ("--temperature", "--top-k", "--generation", "--max-new-tokens"))
+    assert "--lr-scheduler" not in section

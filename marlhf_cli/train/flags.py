@@ -19,7 +19,7 @@ from ..options import opt as _opt, switch as _switch
 # data ------------------------------------------------------------------------------------
 DatasetOption = Annotated[
     Optional[str],
-    _opt("--dataset", "tldr, hh, webgpt, or a local .jsonl/.json/.parquet file (TRL's prompt/chosen/rejected). [default: tldr]"),
+    _opt("--dataset", "tldr, hh, webgpt, apps (the paper's datasets), or a local .jsonl/.json/.parquet file in any of TRL's formats: preference (prompt/chosen/rejected, or chosen/rejected conversations), prompt-only, prompt/completion, conversational (messages) or language modelling (text). [default: tldr]"),
 ]
 DataFileOption = Annotated[
     Optional[str],
@@ -116,7 +116,7 @@ LoraTargetsOption = Annotated[
 # marlhf ppo (defaults: marlhf_cli.config.PPOConfig, the paper's Table 5)
 
 # what to train, from what
-Name = Annotated[Optional[str], _opt("--name", "Run name: ppo/<name>, samples/<name>.jsonl, metrics/ppo-<name>.jsonl. [default: from the rule: vanilla, fixed5, ppl, parsing, code, randomized]")]
+Name = Annotated[Optional[str], _opt("--name", "Run name: ppo/<name>, samples/<name>.jsonl, metrics/ppo-<name>.jsonl. [default: from the estimator and the rule: vanilla, fixed5, fixed-inf, ppl, parsing, code, randomized (gae; -first etc. for another --value-function), rloo, grpo, mc-fixed8, mc-ppl-m4-b3 (mc: its rule, M and B), with -k<K> for a group size other than the default and -macro-ratio or -<aggregation> for those options]")]
 Policy = Annotated[Optional[str], _opt("--policy", "Policy and reference model (hub id, folder, alias 'tiny'). [default: the run's sft/]")]
 RewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model, also the critic's initialisation (hub id, folder, alias 'tiny'). With --dataset apps the reward is the tests' outcome and the critic starts from the policy unless this is given. [default: the run's rm/]")]
 Reward = Annotated[Optional[str], _opt("--reward", "Where scores come from: model (the reward model), apps (run the generated program on the record's tests, docs/method.md, 'Program rewards') or py:FILE.py:FUNCTION (your Python function, called as TRL's reward_funcs: prompts=, completions=, completions_ids=, and the records' other fields as keyword lists; it returns one float per response). The file is your own code, imported and run as it is, not sandboxed. With apps or py: no rm/ is needed and the critic starts from the policy. [default: apps for --dataset apps, else model]")]
@@ -156,7 +156,7 @@ Termination = Annotated[Optional[str], _opt("--termination", "Termination rule f
 N = Annotated[Optional[str], _opt("--n", "Segment length of the fixed rule and the text rules' fallback; 'inf' = one segment per response. [default: 5]")]
 Cutoff = Annotated[Optional[int], _opt("--cutoff", "Largest segment in tokens for parsing (C) and code (C_code). [default: 5 parsing, 10 code]")]
 ValueFunction = Annotated[Optional[str], _opt("--value-function", "Segment value from token values: equal (mean), unit (last), position, first. [default: equal]")]
-Ratio = Annotated[Optional[str], _opt("--ratio", "Policy ratio per token (the authors' code) or per macro action (the paper's equation). [default: token]")]
+Ratio = Annotated[Optional[str], _opt("--ratio", "The policy ratio: token (one per token, with its segment's advantage: the authors' code) or macro (one per macro action, the product of its tokens' ratios: the paper's equation). [default: token]")]
 LossAggregation = Annotated[Optional[str], _opt("--loss-aggregation", "How per-token policy losses (and grpo's KL term) become one loss, for every --advantage: token-mean (over all real tokens of the batch: longer responses weigh more), sequence-mean (each response's mean, then the mean over responses: DeepSeekMath's GRPO) or token-sum (the token sum / (responses x --max-new-tokens): Dr. GRPO). docs/method.md, 'Loss aggregation'. [default: token-mean]")]
 ParserBackend = Annotated[Optional[str], _opt("--parser-backend", "Parser of the parsing rule: auto, stanza, spacy. [default: auto]")]
 ParseWorkers = Annotated[Optional[int], _opt("--parse-workers", "Worker processes that run the parsing/code rules while the scoring forwards run, so parsing adds no time to a step; 0 = parse in the training process after the forwards. [default: 1]")]
