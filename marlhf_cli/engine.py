@@ -19,6 +19,7 @@ the launcher's environment is used unchanged. ``--nproc N`` re-runs the same com
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
@@ -93,6 +94,17 @@ def init_distributed(debug: bool = False) -> None:
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink if not debug else sys.stdout), _without_shm_op():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=debug)
+    atexit.register(shutdown_distributed)
+
+
+def shutdown_distributed() -> None:
+    """Tear the process group down as the stage's process ends (registered by
+    :func:`init_distributed`): NCCL otherwise warns at every CUDA run's exit that
+    ``destroy_process_group()`` was not called, and may leak its communicators."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _without_shm_op() -> contextlib.AbstractContextManager:

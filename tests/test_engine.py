@@ -307,3 +307,19 @@ def test_two_processes_zero2_zero3_match_one_process(tmp_path, toy_preferences):
         manifest = json.loads((tmp_path / f"zero{stage}" / "run.json").read_text())
         assert manifest["stages"]["sft"]["inputs"]["processes"] == 2
         assert math.isfinite(manifest["stages"]["sft"]["metrics"]["eval_loss"])
+
+
+def test_the_process_group_is_torn_down_when_the_stage_process_ends(tmp_path):
+    """NCCL warned at every CUDA run's exit that destroy_process_group() was not called: the
+    group a stage starts is destroyed at exit (checked here with gloo, the same call)."""
+    code = (
+        "import atexit, torch\n"
+        "atexit.register(lambda: print('at exit:', torch.distributed.is_initialized()))  # runs last\n"
+        "from marlhf_cli import engine\n"
+        "engine.init_distributed()\n"
+        "print('started:', torch.distributed.is_initialized())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == ["started: True", "at exit: False"]

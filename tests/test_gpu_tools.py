@@ -115,3 +115,19 @@ def test_flops_count_every_matrix_of_the_model():
     assert critic_free == pytest.approx(8 * (2 * policy + scalar + 3 * policy))
     figures = _flops.gpu_figures(2e12, 2.0, "NVIDIA A100-SXM4-80GB")
     assert figures["tflops"] == pytest.approx(1.0) and figures["share_of_peak"] == pytest.approx(1 / 312)
+
+
+def test_the_suites_junit_file_keeps_recorded_properties_without_a_warning(tmp_path):
+    """tests/test_gpu.py records the samplers' gaps with record_property; under the project's
+    pytest settings they reach the JUnit file, and pytest does not warn about the family."""
+    repo = Path(__file__).resolve().parents[1]
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("def test_gap(record_property):\n    record_property('max_abs_gap', 0.25)\n")
+    xml = tmp_path / "out.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(repo / "pyproject.toml"),
+         "--rootdir", str(tmp_path), "-W", "error::pytest.PytestWarning", "--junitxml", str(xml), str(probe)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert '<property name="max_abs_gap" value="0.25"' in xml.read_text()
