@@ -9,7 +9,8 @@ avx512_bf16 (no AMX): one-thread matmul 111 GFLOP/s in fp32 against 484 in bf16,
 SmolLM2-135M PPO step of 22.8 s in fp32 against 10.8 s in bf16 (benchmarks/RESULTS.md).
 
 bf16 here is mixed precision as DeepSpeed's bf16 mode means it: the model computes in bf16,
-the optimizer keeps fp32 master weights and fp32 AdamW states; log-softmax, losses, values,
+the optimizer keeps fp32 master weights and fp32 AdamW states and adds gradients over
+micro-batches in fp32 (``engine.zero_stage_run``); log-softmax, losses, values,
 rewards and GAE are computed in fp32 (:mod:`marlhf_cli.train.forward`, :mod:`marlhf_cli.macro`).
 
 ``MARLHF_AUTO_DTYPE=fp32|bf16`` decides what ``auto`` means, silently, without looking at the

@@ -40,6 +40,12 @@ def resolve_dtype(config: Any) -> None:
     config.dtype, why = precision.resolve(config.dtype)
     if why is not None:
         say(f"precision: {config.dtype} (--dtype auto: {why})")
+    if eng.zero_stage_run(config) != config.zero_stage:
+        say(
+            f"precision: bf16 with --gradient-accumulation-steps {config.gradient_accumulation_steps}: DeepSpeed runs "
+            f"ZeRO stage {eng.zero_stage_run(config)} in place of {config.zero_stage}, so that gradients add up in fp32 "
+            "(one process holds the same there)"
+        )
 
 
 def say(message: str) -> None:
