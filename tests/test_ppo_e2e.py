@@ -66,6 +66,7 @@ def test_two_steps_of_every_rule_and_value_function(tmp_path, overrides, name):
                     "segment_length", "parse_fallbacks", "actor_lr"):  # fmt: skip
             assert key in row and row[key] is not None and math.isfinite(row[key]), key
         assert 1 <= row["segment_length"] <= row["response_length"]
+        assert row["kl_k3"] >= 0  # the table's KL: the k3 estimate, never negative (k1 may be)
     if name == "vanilla":
         assert all(r["segment_length"] == 1 for r in train)
     if name == "fixed-inf":

@@ -470,3 +470,16 @@ def test_vanilla_is_named_and_described():
     assert credit.is_vanilla(TerminationRule("fixed", n=1))
     assert "vanilla PPO" in credit.describe(TerminationRule("fixed", n=1), "equal", "token")
     assert "MA-PPO" in credit.describe(TerminationRule("ppl"), "equal", "token")
+
+
+def test_the_final_tables_kl_is_the_k3_estimate_which_is_never_negative():
+    """A k1 sample mean shown as "KL" read -0.31 for mc: the table shows the k3 estimate (runs
+    logged before it existed still show their k1 figure)."""
+    from marlhf_cli.train.ppo import report
+
+    rows = [{"step": s, "split": "train", "kl": -0.3, "kl_k3": 0.05 * s} for s in (1, 2)]
+    assert report.summary_row("mc", rows)["kl"] == pytest.approx(0.075)
+    assert report.summary_row("old", [{"step": 1, "split": "train", "kl": -0.3}])["kl"] == -0.3
+    lp = torch.randn(4, 9)
+    ref = lp + torch.randn(4, 9)
+    assert (kl_per_token(lp, ref, "k3") >= 0).all() and (kl_per_token(lp, ref, "k1") < 0).any()

@@ -313,7 +313,7 @@ def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list
     metrics = final_metrics(last, history, durations, start)
     if rows:
         artifacts.write_jsonl(run_dir.samples_path(name), rows)
-    for metric in ("score", "kl", "reward"):
-        monitor.plot(metric, title=f"ppo {name}: {metric}", xlabel="PPO step")
+    for metric, label in (("score", "score"), ("kl", "KL, k1 estimate (unbiased; a step's mean may dip below 0)"), ("reward", "reward")):
+        monitor.plot(metric, title=f"ppo {name}: {label}", xlabel="PPO step")
     report.print_final_table(name, history, metrics)
     return metrics

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ... import engine as eng
+from ...macro import kl_per_token
 
 
 def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str, float]) -> dict[str, float]:
@@ -21,6 +22,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "placed_score": float(experience.scores.sum()),
         "reward": float(experience.rewards.sum()),
         "kl": float(experience.kl_k1.sum()),
+        "kl_k3": float((kl_per_token(experience.old_logp, experience.ref_logp, "k3") * mask).sum()),
         "kl_estimate": float(experience.kl.sum()),
         "eos": float(experience.has_eos.float().sum()),
         "value": float((experience.values * mask).sum()),
@@ -42,7 +44,8 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "score": total["score"] / samples,  # the reward function's raw score (RM score)
         "placed_score": total["placed_score"] / samples,  # clipped, minus the missing-EOS penalty
         "reward": total["reward"] / samples,  # sum of per-token rewards: score - kl_coef * KL
-        "kl": total["kl"] / samples,  # sequence KL(pi || ref), k1 estimate
+        "kl": total["kl"] / samples,  # sequence KL(pi || ref), k1 estimate: unbiased, negative at times
+        "kl_k3": total["kl_k3"] / samples,  # the same, k3 estimate: unbiased and never negative (the table's)
         "kl_estimate": total["kl_estimate"] / samples,  # the estimator used in the reward
         "response_length": total["response_tokens"] / samples,
         "eos_rate": total["eos"] / samples,
@@ -72,7 +75,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
 def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The few numbers the progress bar shows."""
     return {
-        "score": metrics["score"], "kl": metrics["kl"], "seg": metrics["segment_length"],
+        "score": metrics["score"], "kl": metrics["kl_k3"], "seg": metrics["segment_length"],
         "s/step": metrics["step_time"],
     }  # fmt: skip
 
@@ -80,7 +83,7 @@ def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
-    keys = ("score", "reward", "kl", "response_length", "segment_length", "parse_fallbacks", "generation_captures")
+    keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "parse_fallbacks", "generation_captures")
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))
     timed = durations[1:] or durations  # the first step includes one-off warm-up

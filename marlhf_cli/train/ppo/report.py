@@ -43,7 +43,8 @@ def summary_row(name: str, rows: list[dict]) -> dict:
         "eval_end": evals[-1]["score"] if evals else None,
         "eval_length": evals[-1].get("response_length") if evals else None,
         "train_score": _train_mean(rows, "score"),
-        "kl": _train_mean(rows, "kl"),
+        # k3 (never negative); runs logged before it existed show their k1 estimate
+        "kl": _train_mean(rows, "kl_k3") if _train_mean(rows, "kl_k3") is not None else _train_mean(rows, "kl"),
         "segment_length": _train_mean(rows, "segment_length"),
         "seconds_per_step": _train_mean(rows, "step_time", last=10**9),
         "generated_tokens": _generated_so_far(rows, steps),
@@ -79,7 +80,8 @@ def _table(title: str, summaries: Sequence[dict]):
         )  # fmt: skip
     table.caption = (
         "gen tokens: sampled in training (responses + mc's continuations); eval: mean held-out score; "
-        "eval length: eval response tokens; KL, seg len: last 5 steps"
+        "eval length: eval response tokens; KL: KL(policy || reference) per response, the k3 estimate "
+        "(unbiased, never negative; metrics' kl is k1); KL, seg len: last 5 steps"
     )
     return table
 
