@@ -399,3 +399,29 @@ def test_mc_on_two_processes_counts_every_continuation(tmp_path):
         assert 0 < row["continuations"] <= 4 * 2 and row["continuations"] % 2 == 0
         assert row["continuation_tokens"] <= 4 * 2 * 3
         assert row["generated_tokens"] == row["response_tokens"] + row["continuation_tokens"]
+
+
+def test_the_start_up_line_says_how_many_continuations_a_step_may_sample(tmp_path):
+    """ppl on cpu-tiny once took 975 s without a word: the start-up line bounds the step's
+    continuations (responses x boundaries x M) and names the cap when a fine rule has none."""
+    from marlhf_cli.train.ppo import credit
+    from marlhf_cli.train.ppo.estimators import mc_cost
+
+    fixed = _config(tmp_path, termination="fixed", n=3, max_new_tokens=8)
+    assert mc_cost(fixed, credit.make_rule(fixed), 8) == (
+        "mc: up to 32 continuations per step (8 responses x at most 2 boundaries x 2 rollouts), each up to 8 tokens, "
+        "beside the 8 responses")  # fmt: skip
+    ppl = _config(tmp_path, termination="ppl", max_new_tokens=24, mc_rollouts=3)
+    line = mc_cost(ppl, credit.make_rule(ppl), 32)
+    assert line.startswith("mc: up to 2,208 continuations per step (32 responses x at most 23 boundaries x 3 rollouts)")
+    assert line.endswith("--mc-max-boundaries B caps the boundaries ppl makes per response")
+    capped = _config(tmp_path, termination="ppl", mc_max_boundaries=4)
+    assert "at most 4 boundaries" in mc_cost(capped, credit.make_rule(capped), 8) and "caps" not in mc_cost(capped, credit.make_rule(capped), 8)
+    from marlhf_cli import config as config_module
+
+    assert config_module.resolve("ppo", preset="cpu-tiny").mc_max_boundaries == 4  # the demo preset caps them
+    from marlhf_cli.train import ppo
+
+    # a cap that cannot bind (fixed 8 makes 2 inner boundaries in 24 tokens) stays out of the name
+    assert ppo.run_name(_config(tmp_path, termination="fixed", n=8, max_new_tokens=24, mc_max_boundaries=4)) == "mc-fixed8-k2"
+    assert ppo.run_name(_config(tmp_path, termination="fixed", n=8, max_new_tokens=24, mc_max_boundaries=1)) == "mc-fixed8-b1-k2"

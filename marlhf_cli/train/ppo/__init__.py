@@ -64,7 +64,7 @@ from ..monitor import Monitor
 from . import compiled_sampling, credit, stopping
 from .checkpointing import check_resumable, checkpoint_root, latest_common, resume, save
 from .context import Context, make_context
-from .estimators import CreditInputs
+from .estimators import CreditInputs, mc_cost
 from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
@@ -270,6 +270,8 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
         + f", {count(len(prompts.records), 'prompt')}, {count(config.max_steps, 'step')} of {per_step}, {count(eng.world_size(), 'process')}"
         + (f", resuming at step {start}" if start else "")
     )
+    if ctx.estimator.name == "mc":  # its cost is the continuations: say how many a step may sample
+        common.say(mc_cost(config, ctx.rule, responses_per_step(config)))
     inputs = {
         "policy": policy, "reward_model": reward_model, "reward": models.reward.name, "dataset": config.dataset,
         "data_file": config.data_file, "source": prompts.source, "prompts": len(prompts.records),

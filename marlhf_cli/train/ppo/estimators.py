@@ -22,6 +22,7 @@ mc     no      rule      loss (k3)    V(s_{k+1}) - V(s_k), V from sampled contin
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -149,6 +150,27 @@ def _describe_mc(config, rule: TerminationRule, k: int) -> str:
         f"{config.mc_rollouts} continuations per boundary; {k} responses per prompt, leave-one-out baseline at "
         f"the prompt; KL loss k3 x {config.kl_coef:g}; {_ratio(config, 'segment')})"
     )
+
+
+def mc_cost(config, rule: TerminationRule, responses: int) -> str:
+    """The start-up line on what ``mc`` samples per step: at most one continuation per
+    boundary and rollout, the boundaries per response bounded by the rule (fixed n: one every
+    n tokens; the text rules and ppl: as often as every token) and by --mc-max-boundaries."""
+    longest = config.max_new_tokens
+    if rule.name == "fixed":
+        per_response = 0 if math.isinf(rule.n) else math.ceil(longest / rule.n) - 1
+    else:
+        per_response = longest - 1
+    if config.mc_max_boundaries is not None:
+        per_response = min(per_response, config.mc_max_boundaries)
+    most = responses * per_response * config.mc_rollouts
+    line = (
+        f"mc: up to {most:,} continuations per step ({responses} responses x at most {per_response} boundaries x "
+        f"{config.mc_rollouts} rollouts), each up to {longest} tokens, beside the {responses} responses"
+    )
+    if config.mc_max_boundaries is None and rule.name != "fixed":
+        line += f"; --mc-max-boundaries B caps the boundaries {rule.name} makes per response"
+    return line
 
 
 @register(

@@ -41,13 +41,25 @@ def run_name(config) -> str:
     if estimator.name == "mc":  # mc-<rule>[-m<M>][-b<B>]: M and B set the cost
         name = f"mc-{name}"
         name += "" if config.mc_rollouts == 2 else f"-m{config.mc_rollouts}"
-        name += "" if config.mc_max_boundaries is None else f"-b{config.mc_max_boundaries}"
+        name += "" if not _cap_binds(config, rule) else f"-b{config.mc_max_boundaries}"
         return name + ratio + suffix
     if credit.is_vanilla(rule):
         return "vanilla" + suffix
     if config.value_function != "equal":
         name += f"-{config.value_function}"
     return name + ratio + suffix
+
+
+def _cap_binds(config, rule) -> bool:
+    """--mc-max-boundaries can change this run: a fixed rule makes at most ceil(T / n) - 1
+    inner boundaries in T tokens, so a larger cap (cpu-tiny's 4 on fixed 8) changes nothing
+    and stays out of the run's name."""
+    cap = config.mc_max_boundaries
+    if cap is None:
+        return False
+    if rule.name == "fixed":
+        return not math.isinf(rule.n) and math.ceil(config.max_new_tokens / rule.n) - 1 > cap
+    return True
 
 
 def is_critic_free(config) -> bool:
