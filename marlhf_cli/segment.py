@@ -276,6 +276,10 @@ def run(config, source: str) -> None:
         responses, rules, tokenizer=tokenizer, n=config.n, cutoff=config.cutoff,
         seed=config.seed, backend=config.backend, model=model,
     )
+    if "parsing" in rules:  # which parser ran: a stanza install and a spaCy one cut differently
+        from .macro.parsing import backend_description
+
+        print(f"parsing: {backend_description(config.backend)}", file=sys.stderr)
     if config.stats:
         print_stats([summarise(stats[name]) for name in rules], as_json=config.format == "json")
     elif config.format == "json":

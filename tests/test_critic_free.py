@@ -315,6 +315,7 @@ def test_two_steps_write_no_critic_and_report_responses(tmp_path, advantage):
     train = [r for r in read_jsonl(tmp_path / "metrics" / f"ppo-{advantage}-k2.jsonl") if r["split"] == "train"]
     assert [r["responses"] for r in train] == [4.0, 4.0]
     assert all(r["segments_per_response"] == 1.0 for r in train)
+    assert all("segment_length" not in r for r in train)  # no macro actions: the table shows '-', not the length
     assert all("value_loss" not in r for r in train)
     assert ("kl_loss" in train[0]) == (advantage == "grpo")
     assert math.isfinite(metrics["score"])

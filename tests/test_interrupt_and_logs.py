@@ -41,6 +41,22 @@ def test_log_lines_are_plain_and_name_step_total_and_metrics(tmp_path):
     assert "\x1b" not in "".join(text)  # no terminal control codes in a log
 
 
+def test_every_held_out_evaluation_is_one_line_on_the_console(tmp_path, capsys):
+    """Evaluations (ppo at steps 0, 4, 8; sft's --eval-every) were only in the metrics files:
+    the monitor prints one line per evaluation, above the bar or among the log lines."""
+    from marlhf_cli.artifacts import RunDir
+    from marlhf_cli.train.monitor import Monitor
+
+    monitor = Monitor(RunDir(tmp_path), "ppo-fixed5", total_steps=8, start_step=0, enabled=True, live=False)
+    monitor.log(1, {"score": 0.1, "kl": 0.0}, "train")
+    monitor.log(4, {"score": 0.123456, "response_length": 20.5, "eos_rate": 0.25, "prompts": 8.0}, "eval")
+    monitor.log(2, {"loss": 1.5, "perplexity": 4.4817}, "eval")
+    monitor.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["ppo-fixed5 eval at step 4: score 0.1235  response_length 20.5  eos_rate 0.25",
+                     "ppo-fixed5 eval at step 2: loss 1.5  perplexity 4.482"]  # fmt: skip
+
+
 def _env() -> dict:
     from marlhf_cli import launch
 

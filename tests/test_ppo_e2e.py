@@ -130,11 +130,14 @@ def test_cli_with_cpu_tiny_preset_prints_the_final_table_and_compare_draws_runs(
 
     runner = CliRunner()
     base = ["ppo", "--preset", "cpu-tiny", "--run-dir", str(tmp_path), "--policy", "tiny", "--reward-model", "tiny",
-            "--max-steps", "2", "--eval-every", "1", "--eval-prompts", "2", "--max-new-tokens", "6"]  # fmt: skip
+            "--max-steps", "2", "--eval-every", "1", "--max-new-tokens", "6"]  # fmt: skip
     first = runner.invoke(app, base)
     assert first.exit_code == 0, first.output
     assert "final evaluation" in first.output and "fixed5" in first.output
     assert "MA-PPO" in first.output
+    # the demo says nothing it need not: no template on plain-text data, no shortfall of its own eval prompts
+    assert "chat template" not in first.output and "the eval split has" not in first.output
+    assert [f"eval at step {s}:" in first.output for s in (0, 1, 2)] == [True] * 3  # one line per evaluation
     second = runner.invoke(app, [*base, "--termination", "fixed", "--n", "1"])
     assert second.exit_code == 0, second.output
     assert "vanilla PPO" in second.output

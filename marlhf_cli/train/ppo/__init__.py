@@ -225,6 +225,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
         "training_time": training_seconds,
     }
     metrics = reduce_metrics(experience, update_stats, timings)
+    if not estimator.segments:  # one advantage per response: a "segment length" would be the response's
+        del metrics["segment_length"]
     metrics["step_time"] = time.perf_counter() - began
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
     metrics["generation_captures"] = float(compiled_sampling.captures(sampler))  # flat after the first steps
@@ -258,7 +260,8 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
     config, models = ctx.config, ctx.models
     what_runs = describe(config, ctx.rule)
     common.say(f"ppo '{name}': {what_runs}")
-    common.say(ctx.chat.describe())
+    if note := ctx.chat.note(ctx.schedule.records):  # plain-text data needs no word
+        common.say(note)
     k = group_size(config)
     per_step = (
         f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(responses_per_step(config), 'response')}" if k > 1

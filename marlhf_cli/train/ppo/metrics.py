@@ -74,10 +74,10 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
 
 def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The few numbers the progress bar shows."""
-    return {
-        "score": metrics["score"], "kl": metrics["kl_k3"], "seg": metrics["segment_length"],
-        "s/step": metrics["step_time"],
-    }  # fmt: skip
+    shown = {"score": metrics["score"], "kl": metrics["kl_k3"]}
+    if "segment_length" in metrics:  # (rloo and grpo cut no macro actions: nothing to show)
+        shown["seg"] = metrics["segment_length"]
+    return shown | {"s/step": metrics["step_time"]}
 
 
 
