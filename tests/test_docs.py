@@ -101,14 +101,18 @@ def test_the_readme_opens_with_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     steps = [line.split(".venv/bin/", 1)[1].replace(" -q", "") for line in ci.splitlines() if ".venv/bin/pip install" in line and "--upgrade pip" not in line]
     position = 0
-    for step in steps:  # 'pip install torch==2.13.0', 'pip install -e ".[all]"', 'pip install --no-deps ...'
+    for step in steps:  # 'pip install "torch==2.13.0+cpu" ...', 'pip install -e ".[all]"', 'pip install --no-deps ...'
         found = install.find(step, position)
         assert found >= 0, f"README's first command lacks CI's step {step!r} (in order)"
         position = found + len(step)
     assert "marlhf sft --preset cpu-tiny && marlhf rm --preset cpu-tiny && marlhf ppo --preset cpu-tiny" in install
 
 
-def test_the_readme_says_how_to_get_torchs_cpu_build_elsewhere():
-    """`pip install torch==2.13.0` is a local CPU wheel here and the multi-GB CUDA build elsewhere."""
+def test_the_first_command_installs_torchs_cpu_build_on_any_linux_machine():
+    """PyPI's torch is the multi-GB CUDA build on Linux: the first command names the CPU build
+    (its local version) and PyTorch's CPU index, and the README says what a GPU machine takes."""
+    install, _ = _readme_commands()
+    assert 'pip install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu &&' in install
+    assert install.index("torch==2.13.0+cpu") < install.index('pip install -e ".[all]"')  # torch first
     text = " ".join(README.read_text(encoding="utf-8").split())
-    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text
+    assert "On a GPU machine install the CUDA build instead, `pip install torch==2.13.0`" in text
