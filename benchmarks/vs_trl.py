@@ -1,7 +1,7 @@
 """PPO throughput of marlhf against TRL 1.12.0's PPOTrainer: same models, prompts and settings.
 
     python3 -m venv benchmarks/.venv-trl \\
-      && benchmarks/.venv-trl/bin/pip install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu \
+      && benchmarks/.venv-trl/bin/pip install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu \\
       && benchmarks/.venv-trl/bin/pip install trl==1.12.0
     python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--threads 1] [--device cpu|cuda] [--dtype fp32|bf16]
                                 [--hidden 256 --layers 4 | --model smollm2-135m] [--marlhf-dtype bf16]
