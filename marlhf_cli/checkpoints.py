@@ -296,8 +296,9 @@ def export_pretrained(
     one). ``config_updates`` are extra ``config.json`` keys. Files appear in ``out_dir``
     with ``config.json`` last, which is what marks a stage output as finished
     (:meth:`RunDir.require`); other entries of ``out_dir`` (``checkpoints/``) are kept.
-    ``save(model, folder)`` replaces ``model.save_pretrained(folder)`` (a LoRA model's merged
-    weights and adapter: :func:`marlhf_cli.lora.merged_saver`).
+    ``save(model, folder, out_dir)`` replaces ``model.save_pretrained(folder)`` (a LoRA model's
+    merged weights and adapter: :func:`marlhf_cli.lora.merged_saver`); ``folder`` is staging,
+    moved to ``out_dir`` once complete.
     """
     out_dir = Path(out_dir)
     model = unwrap(engine.module) if unwrap else engine.module
@@ -310,7 +311,7 @@ def export_pretrained(
     try:
         with eng.gathered_params(engine):
             if eng.is_main():
-                save(model, staging) if save else model.save_pretrained(staging)
+                save(model, staging, out_dir) if save else model.save_pretrained(staging)
         if eng.is_main():
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)

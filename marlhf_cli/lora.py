@@ -100,10 +100,32 @@ def add_adapters(model, config: Any, *, task: str, base: str = "", top_layers: i
     except ValueError as err:
         raise UserError(f"--lora-targets {config.lora_targets}: {str(err).splitlines()[0]}") from None
     if base:  # peft takes the loaded model's own path, which an alias or a random init lacks
-        from .models import resolve_model_path
-
-        adapted.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
+        adapted.peft_config["default"].base_model_name_or_path = loadable_base(base)
     return adapted
+
+
+def loadable_base(name: str) -> str:
+    """Where PEFT finds an adapter's base from any working folder: a local folder as its
+    absolute path, a hub id as it is, ``smollm2-135m`` as the folder it converts to, and
+    ``tiny`` (built from a seed, the same on every machine) saved once under marlhf's cache.
+    A ``random:<shape>`` model is drawn on the device it runs on and has no such copy: its
+    name stays, and the adapter's card says so."""
+    from .models import TINY_SEED, cache_dir, load_causal_lm, load_tokenizer, random_arch, resolve_model_path
+
+    if Path(name).is_dir():
+        return str(Path(name).resolve())
+    if name == "tiny" and random_arch(name) is not None:
+        folder = cache_dir() / "bases" / f"tiny-seed{TINY_SEED}"
+        if not (folder / "config.json").is_file():
+            from .models import _fill_cache_folder
+
+            def save(tmp: Path) -> None:
+                load_causal_lm("tiny").save_pretrained(tmp)
+                load_tokenizer("tiny").save_pretrained(tmp)
+
+            _fill_cache_folder(folder, save)
+        return str(folder.resolve())
+    return resolve_model_path(name)
 
 
 @contextlib.contextmanager
@@ -187,12 +209,13 @@ class WithoutAdapter:
 # exports and resume checkpoints
 
 
-def merged_saver(load_base: Callable[[], Any]) -> Callable[[Any, Path], None]:
-    """A ``save(model, folder)`` for :func:`marlhf_cli.checkpoints.export_pretrained`: the
-    adapter into ``folder/adapter``, the merged model (``load_base()`` with the adapter merged
-    in) into ``folder``, with the trained model's config (its stage's extra keys included)."""
+def merged_saver(load_base: Callable[[], Any], *, stage: str) -> Callable[[Any, Path, Path], None]:
+    """A ``save(model, folder, final)`` for :func:`marlhf_cli.checkpoints.export_pretrained`: the
+    adapter into ``folder/adapter`` with its model card (:func:`adapter_card`: ``stage``, e.g.
+    "ppo/fixed5 actor", and the command), the merged model (``load_base()`` with the adapter
+    merged in) into ``folder``, with the trained model's config (its stage's extra keys)."""
 
-    def save(model, folder: Path) -> None:
+    def save(model, folder: Path, final: Path) -> None:
         import copy
 
         from peft import PeftModel
@@ -200,12 +223,38 @@ def merged_saver(load_base: Callable[[], Any]) -> Callable[[Any, Path], None]:
         adapted = peft_model(model)
         adapter = Path(folder) / ADAPTER_DIR
         adapted.save_pretrained(adapter, save_embedding_layers=False)  # embeddings never get adapters
+        card = adapter_card(adapted, Path(final) / ADAPTER_DIR, stage)  # the folder it is moved to
+        (adapter / "README.md").write_text(card, encoding="utf-8")
         with _quiet_peft():
             merged = PeftModel.from_pretrained(load_base(), adapter).merge_and_unload()
         merged.config = copy.deepcopy(adapted.get_base_model().config)
         merged.save_pretrained(folder)
 
     return save
+
+
+def adapter_card(adapted, adapter: Path, stage: str) -> str:
+    """The adapter's README.md (peft writes a blank template): its base, LoRA settings, the
+    stage and command that trained it, and how to load it."""
+    from .artifacts import command_line
+
+    settings = adapted.peft_config["default"]
+    base = settings.base_model_name_or_path
+    causal = str(getattr(settings.task_type, "value", settings.task_type)) == "CAUSAL_LM"
+    auto = "AutoPeftModelForCausalLM" if causal else "AutoPeftModelForSequenceClassification"
+    targets = settings.target_modules if isinstance(settings.target_modules, str) else ", ".join(sorted(settings.target_modules))
+    random_base = str(base).startswith("random:")
+    return "\n".join([
+        "---", f"base_model: {base}", "library_name: peft", "tags:", "- marlhf", "- lora", f"- {stage.split()[0].split('/')[0]}",
+        "---", "", f"# LoRA adapter of `marlhf {stage}`", "",
+        f"- base model: `{base}`" + (" (a random-init model marlhf draws on the device it runs on: load it"
+                                    " with marlhf's `load_causal_lm`)" if random_base else ""),
+        f"- LoRA: rank {settings.r}, alpha {settings.lora_alpha:g}, dropout {settings.lora_dropout:g}, targets {targets}",
+        f"- trained by: `marlhf {stage}`",
+        f"- command: `{command_line()}`",
+        "- the folder above holds the same model with this adapter merged in (no peft needed)",
+        "", "```python", f"from peft import {auto}", "", f'model = {auto}.from_pretrained("{adapter.resolve()}")', "```", "",
+    ])  # fmt: skip
 
 
 def base_identity(config: Any, **bases: str) -> dict[str, str]:

@@ -102,6 +102,10 @@ class OneLineErrors(TyperGroup):
     block and a boxed message."""
 
     def make_context(self, info_name, args, parent=None, **extra):
+        if parent is None:  # the whole command line, before click consumes it
+            from .artifacts import remember_invocation
+
+            remember_invocation(args)
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except UsageError as err:

@@ -5,7 +5,9 @@ end; resume after SIGKILL; option errors in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -77,6 +79,19 @@ def test_unknown_target_module_is_one_line(tmp_path, toy_preferences):
                      "--lora-rank", "4", "--lora-targets", "no_such_proj", "--max-steps", "1", "--batch-size", "2")  # fmt: skip
     assert result.exit_code == 2 and "--lora-targets no_such_proj" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_adapters_base_is_written_so_peft_finds_it_from_any_folder(tmp_path, monkeypatch):
+    """A relative --run-dir wrote 'runs/lora/sft' as the base, and the alias 'tiny' was written
+    as it is: neither loads from another working folder."""
+    (tmp_path / "runs" / "sft").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert lora.loadable_base("runs/sft") == str(tmp_path.resolve() / "runs" / "sft")
+    assert lora.loadable_base("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"  # a hub id stays
+    monkeypatch.setenv("MARLHF_CACHE", str(tmp_path / "cache"))
+    tiny = Path(lora.loadable_base("tiny"))
+    assert tiny.is_absolute() and (tiny / "config.json").is_file() and tiny.is_relative_to(tmp_path / "cache")
+    assert lora.loadable_base("tiny") == str(tiny)  # saved once
 
 
 def test_target_names():
@@ -248,7 +263,14 @@ def test_sft_export_is_merged_and_computes_what_the_adapter_model_computes(lora_
     assert _max_difference(got, want) <= 1e-5
     assert _max_difference(got, base) > 1e-3  # the adapter learned something: the check has teeth
     settings = json.loads((folder / lora.ADAPTER_DIR / "adapter_config.json").read_text())
-    assert settings["r"] == 8 and settings["lora_alpha"] == 16 and settings["base_model_name_or_path"] == "tiny"
+    assert settings["r"] == 8 and settings["lora_alpha"] == 16
+    # the base PEFT loads is a real folder, by its absolute path (the random-init 'tiny' saved once
+    # under marlhf's cache), so the adapter loads alone from any working folder
+    base = Path(settings["base_model_name_or_path"])
+    assert base.is_absolute() and (base / "config.json").is_file()
+    card = (folder / lora.ADAPTER_DIR / "README.md").read_text()
+    assert f"base_model: {base}" in card and "rank 8, alpha 16" in card and "trained by: `marlhf sft`" in card
+    assert "command: `" in card and "--lora-rank 8" in card
     per_block = {name.rsplit(".", 1)[-1] for name in settings["target_modules"]}
     assert per_block == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}  # not lm_head
 
@@ -292,6 +314,26 @@ def test_ppo_exports_actor_and_critic_merged(lora_pipeline):
     assert _max_difference(_scores(critic, ids, mask), _scores(adapted_critic, ids, mask)) <= 1e-5
     entry = json.loads((lora_pipeline / "run.json").read_text())["stages"]["ppo/lora"]
     assert entry["status"] == "finished" and entry["config"]["lora_rank"] == 8
+    # the adapters name their bases by absolute path and load without marlhf, from anywhere
+    from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification
+
+    for where, auto, role in ((folder, AutoPeftModelForCausalLM, "actor"), (folder / "critic", AutoPeftModelForSequenceClassification, "critic")):
+        settings = json.loads((where / lora.ADAPTER_DIR / "adapter_config.json").read_text())
+        assert Path(settings["base_model_name_or_path"]).is_absolute()
+        assert f"trained by: `marlhf ppo/lora {role}`" in (where / lora.ADAPTER_DIR / "README.md").read_text()
+    with _in_folder(folder.parent.parent.parent):  # another working folder than the run's
+        alone = AutoPeftModelForCausalLM.from_pretrained(str((folder / lora.ADAPTER_DIR).resolve()))
+    assert _max_difference(_causal_logp(alone, ids, mask), _causal_logp(actor, ids, mask)) <= 1e-5
+
+
+@contextlib.contextmanager
+def _in_folder(folder):
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 # ---------------------------------------------------------------------------------------

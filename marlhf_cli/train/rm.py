@@ -157,7 +157,7 @@ def run(config: Any) -> dict[str, Any]:
         model = lora.add_adapters(model, config, task="score", base=model_name, top_layers=config.trainable_layers)
         common.say(lora.trainable_summary(model) + _top_blocks(config.trainable_layers))
         task.fingerprint.update(lora.base_identity(config, model=model_name))
-        save = lora.merged_saver(lambda: _load_quietly(model_name, config.debug))
+        save = lora.merged_saver(lambda: _load_quietly(model_name, config.debug), stage="rm")
     elif config.trainable_layers is not None:
         trainable, total = train_top_layers(model, config.trainable_layers)
         common.say(f"training the top {count(config.trainable_layers, 'block')}, final norm and head: {trainable:,} of {count(total, 'parameter')}")

@@ -190,7 +190,7 @@ def run(config: Any) -> dict[str, Any]:
         model = lora.add_adapters(model, config, task="causal", base=str(config.model))
         common.say(lora.trainable_summary(model))
         task.fingerprint.update(lora.base_identity(config, model=str(config.model)))
-        save = lora.merged_saver(lambda: load_causal_lm(config.model, dtype="fp32"))
+        save = lora.merged_saver(lambda: load_causal_lm(config.model, dtype="fp32"), stage="sft")
     engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
     inputs = common.inputs_entry(
         config, str(config.model), train, held_out, train_examples=len(task.train), chat_template=chat.example(train.records)

@@ -13,7 +13,7 @@ from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from .generation import GenerationModel
 from .rewards import RewardFn, RewardModelReward
-from .settings import is_critic_free, micro_batch, optimizer_steps
+from .settings import is_critic_free, micro_batch, optimizer_steps, run_name
 
 
 @dataclass
@@ -57,11 +57,11 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
     if adapted:
         actor_model = lora.add_adapters(actor_model, config, task="causal", base=policy)
         common.say("actor: " + lora.trainable_summary(actor_model))
-        saves["actor_save"] = lora.merged_saver(lambda: load_causal_lm(policy, dtype=dtype))
+        saves["actor_save"] = lora.merged_saver(lambda: load_causal_lm(policy, dtype=dtype), stage=f"ppo/{run_name(config)} actor")
         if critic_model is not None:
             critic_model = lora.add_adapters(critic_model, config, task="score", base=reward_model)
             common.say("critic: " + lora.trainable_summary(critic_model))
-            saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype))
+            saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{run_name(config)} critic")
     total = optimizer_steps(config)
     actor = eng.build_engine(actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=total)
     critic = None
