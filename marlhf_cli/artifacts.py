@@ -19,14 +19,13 @@ import contextlib
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from . import provenance
 from .errors import UserError
 
 
@@ -58,7 +57,6 @@ PRODUCERS = {
     "samples": "marlhf ppo",
 }
 
-TRACKED_LIBRARIES = ("torch", "transformers", "deepspeed", "datasets", "spacy", "stanza", "openai")
 
 # run.json entries this process marked "running" and has not finished: what Ctrl-C leaves
 _RUNNING: dict[tuple[Path, str], "RunDir"] = {}
@@ -208,16 +206,6 @@ def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror or err})") from None
 
 
-def library_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in TRACKED_LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
 class RunDir:
     """One experiment's directory; knows where every stage reads and writes."""
 
@@ -321,7 +309,9 @@ class RunDir:
         entry = manifest.setdefault("stages", {}).setdefault(stage, {})
         entry["status"] = status
         entry["updated"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        entry["versions"] = library_versions()
+        made_with = provenance.provenance()
+        entry["versions"] = made_with.pop("versions")
+        entry["provenance"] = made_with  # marlhf's commit, the command, the CPU, the GPUs
         if config is not None:
             entry["config"] = config
         if inputs is not None:

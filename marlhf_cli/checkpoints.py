@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import artifacts, engine as eng, lora
+from . import artifacts, engine as eng, lora, provenance
 from .errors import UserError
 
 PREFIX = "step-"
@@ -93,7 +93,8 @@ def save_checkpoint(engine, root: str | Path, step: int, state: dict[str, Any], 
     eng.barrier()
     final = root / tag
     if eng.is_main():
-        artifacts.write_json(staging / tag / STATE_FILE, {**state, "step": step})
+        # what the numbers depend on besides the options: a resume says where it changed
+        artifacts.write_json(staging / tag / STATE_FILE, {**state, "step": step, "provenance": provenance.provenance()})
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging / tag, final)
@@ -199,7 +200,14 @@ def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None)
             f"--resume: {found} was written with other options ({'; '.join(refused)}); "
             "rerun with the checkpoint's values, or start afresh without --resume"
         )
-    return [f"--resume: applying {change} (no training step depends on it)" for change in applied]
+    notes = [f"--resume: applying {change} (no training step depends on it)" for change in applied]
+    changed = provenance.differences(state.get("provenance"), provenance.provenance())
+    if changed:
+        notes.append(
+            f"--resume: the checkpoint was written with {'; '.join(changed)}: the run goes on, and may depart "
+            "from one that was never stopped"
+        )
+    return notes
 
 
 def nothing_to_resume(root: str | Path) -> UserError:

@@ -111,3 +111,26 @@ def test_a_writable_run_directory_is_left_as_it_was(tmp_path):
     (tmp_path / "run").mkdir()
     check_run_dir(tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_run_json_records_what_a_run_ran_on_and_a_resume_says_what_changed(tmp_path, monkeypatch):
+    """run.json held no commit, CPU or GPU: a saved run re-executed on a CPU without AVX-512
+    departed at step 4 with nothing to say why. Each stage's entry records them, checkpoints
+    carry them, and --resume notes (does not refuse) what differs."""
+    from marlhf_cli import checkpoints, provenance
+    from marlhf_cli.artifacts import RunDir, write_json
+
+    run = RunDir(tmp_path)
+    entry = run.record_stage("sft", config={"seed": 1}, status="running")
+    made = entry["provenance"]
+    assert made["marlhf"] and made["command"] and made["cpu"]["model"] and isinstance(made["gpus"], list)
+    assert set(made["cpu"]["flags"]) <= set(provenance.CPU_FLAGS) and entry["versions"]["torch"]
+    folder = tmp_path / "checkpoint"
+    then = {**provenance.provenance(), "cpu": {"model": "Intel(R) Xeon(R)", "flags": ["avx2", "avx512f"]},
+            "versions": {**provenance.library_versions(), "transformers": "5.17.0"}}  # fmt: skip
+    write_json(folder / checkpoints.STATE_FILE, {"config": None, "fingerprint": {}, "step": 2, "provenance": then})
+    (note,) = checkpoints.check_fingerprint(folder, {})
+    assert note.startswith("--resume: the checkpoint was written with transformers 5.17.0, now ")
+    assert "CPU Intel(R) Xeon(R), now " in note and "may depart" in note
+    write_json(folder / checkpoints.STATE_FILE, {"config": None, "fingerprint": {}, "step": 2, "provenance": provenance.provenance()})
+    assert checkpoints.check_fingerprint(folder, {}) == []  # nothing changed: nothing said
