@@ -394,3 +394,6 @@ def test_sft_rm_ppo_on_a_conversational_file(tmp_path):
         # the response's tokens and then <|im_end|>: the last token counted is the end of turn
         assert sample["length"] == len(tokenizer(sample["response"], add_special_tokens=False)["input_ids"]) + 1
         assert sample["conversation"]["prompt"][0]["content"].startswith("Greet ")
+        # what the policy saw, the template's rendering, beside the transcript a judge matches on
+        assert sample["prompt"].lstrip().startswith("Human: Greet ")
+        assert sample["rendered_prompt"].startswith(SYSTEM + "<|im_start|>user\nGreet ")

@@ -202,7 +202,10 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
             scores = models.reward(batch).float().cpu().tolist()
             lengths = mask.sum(dim=1).cpu().tolist()
             for i, record in enumerate(part):
-                out.append({"prompt": record["prompt"], "response": batch.responses[i], "score": scores[i], "tokens": int(lengths[i]), "eos": bool(has_eos[i])})
+                row = {"prompt": record["prompt"], "response": batch.responses[i], "score": scores[i], "tokens": int(lengths[i]), "eos": bool(has_eos[i])}
+                if prompts[i] != record["prompt"]:  # a chat template rendered it: the text the policy saw
+                    row["rendered_prompt"] = prompts[i]
+                out.append(row)
             advance(len(part), sum(s["score"] for s in out) / len(out))
     grouped = [{"prompt": r["prompt"], "samples": out[i * samples : (i + 1) * samples]} for i, r in enumerate(records)]
     return grouped

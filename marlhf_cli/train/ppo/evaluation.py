@@ -3,7 +3,8 @@ score it with the reward, sharded over processes; the mean score is the stage's 
 The prompts are distinct (a source may hold several records of one prompt).
 
 The samples' ``prompt`` is the record's text (the transcript for a conversation, whatever
-``--chat-template`` renders), ``eos`` says the response ended at a stop token (EOS or the
+``--chat-template`` renders), ``rendered_prompt`` the text the policy saw where a chat
+template made another, ``eos`` says the response ended at a stop token (EOS or the
 template's end of turn), and a conversation's prompt turns ride along as ``conversation``."""
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from .experience import generate, scoring_batch
 from ..forward import resident
 
 
-def sample_prompt(record: dict) -> dict:
-    """A samples row's prompt: the record's text (what a judge reads), and its turns when it
-    is a conversation, so that ``judge --rm`` can render it with a chat template."""
+def sample_prompt(record: dict, rendered: str | None = None) -> dict:
+    """A samples row's prompt: the record's text (what a judge reads, and how two files'
+    rows are matched), its turns when it is a conversation (``judge --rm`` renders them with a
+    chat template), and ``rendered``, the text the policy was given, when it is another (a
+    chat template's rendering of the turns)."""
     row = {"prompt": record["prompt"]}
     if "conversation" in record:
         row["conversation"] = {"prompt": record["conversation"]["prompt"]}
+    if rendered is not None and rendered != record["prompt"]:
+        row["rendered_prompt"] = rendered
     return row
 
 
@@ -103,6 +108,6 @@ def _score_shard(ctx: Any, mine: Sequence[dict], chunk: int, rank: int, processe
         lengths = mask.sum(dim=1).cpu()
         for i, record in enumerate(part):
             rows.append({
-                "index": rank + (start + i) * processes, **sample_prompt(record), "response": batch.responses[i],
+                "index": rank + (start + i) * processes, **sample_prompt(record, prompts[i]), "response": batch.responses[i],
                 "score": float(scores[i]), "length": int(lengths[i]), "eos": bool(has_eos[i]),
             })  # fmt: skip
