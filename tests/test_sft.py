@@ -13,6 +13,7 @@ import pytest
 
 from _toy_prefs import write_toy_preferences
 from marlhf_cli import launch
+from marlhf_cli.errors import UserError
 from marlhf_cli.train import loop, sft
 from marlhf_cli.train.encode import IGNORE
 
@@ -106,6 +107,21 @@ def test_data_order_is_a_function_of_seed_and_step():
     per_epoch = loop.steps_per_epoch(50, 8)
     seen = sorted(i for batch in first[:per_epoch] for i in batch)
     assert len(set(seen)) == len(seen) == per_epoch * 8  # no repeats within an epoch
+
+
+@pytest.mark.parametrize("n, batch", [(4, 8), (3, 8), (5, 7), (1, 4)])
+def test_a_batch_larger_than_the_data_cycles_through_it_with_max_steps(n, batch):
+    """--max-steps promised "cycling the data": with fewer examples than a batch, batches
+    are consecutive slices of the epochs' permutations joined end to end (every example once
+    per epoch), where it used to be an error."""
+    batches = [loop.global_batch(n, batch, seed=3, step=s) for s in range(6)]
+    assert all(len(b) == batch for b in batches)
+    stream = [i for b in batches for i in b]
+    expected = [i for epoch in range(-(-len(stream) // n)) for i in loop.epoch_order(n, 3, epoch)]
+    assert stream == expected[: len(stream)]
+    assert loop.total_steps(n, batch, epochs=1, max_steps=5) == 5
+    with pytest.raises(UserError, match=f"only {n} training example.* for a batch of {batch}: give --max-steps"):
+        loop.total_steps(n, batch, epochs=1, max_steps=None)
 
 
 def test_micro_batches_split_one_global_batch_over_processes():

@@ -64,6 +64,24 @@ def test_paper_shares_are_the_default_for_preference_data():
         load_records("hh", split="rm", shares=parse_split_shares("50/0/50"))
 
 
+def test_a_preference_file_of_ones_own_goes_whole_to_each_stage(tmp_path):
+    """A 24-row file gave sft 4 rows (18%), then failed on the default batch: a file in TRL's
+    format goes whole to each stage, as TRL's trainers take their dataset; the paper's 20/40/40
+    is for the paper's datasets, or any source with --split-shares."""
+    from _toy_prefs import write_toy_preferences
+
+    data = write_toy_preferences(tmp_path / "prefs.jsonl")
+    whole = {s: load_records(str(data), split=s) for s in ("sft", "rm", "ppo", "eval")}
+    total = whole["sft"].total
+    assert whole["sft"].records == whole["rm"].records == whole["ppo"].records
+    assert len(whole["sft"].records) + len(whole["eval"].records) == total
+    assert whole["rm"].fractions == pytest.approx({"rm": 0.9, "eval": 0.1})
+    shared = {s: load_records(str(data), split=s, shares=parse_split_shares("20/40/40")).records for s in ("sft", "rm", "ppo", "eval")}
+    assert shared["eval"] == whole["eval"].records  # the same held-out rows whatever the shares
+    assert sum(len(shared[s]) for s in ("sft", "rm", "ppo")) == len(whole["sft"].records)
+    assert not {r["prompt"] for r in shared["sft"]} & {r["prompt"] for r in shared["rm"]}  # shared out: apart
+
+
 def test_apps_has_no_reward_model_share():
     with pytest.raises(UserError, match="no 'rm' split"):
         load_records("apps", split="rm")
@@ -120,7 +138,8 @@ def test_sft_on_a_chat_file_uses_and_says_all_its_rows(tmp_path):
             "--run-dir", str(tmp_path / "run")]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert f"sft: training on 14 of the 16 records of {data} (sft 90%, eval 10%), 2 held out for evaluation" in result.output
+    assert (f"sft: training on 14 of the 16 records of {data} (sft 90%, eval 10%: every stage takes all of it "
+            "(--split-shares shares it out)), 2 held out for evaluation") in result.output  # fmt: skip
     assert ", 1 step, train loss" in result.output  # not '1 steps'
     inputs = json.loads((tmp_path / "run" / "run.json").read_text())["stages"]["sft"]["inputs"]
     assert inputs["train_records"] == 14 and inputs["source_records"] == 16

@@ -21,7 +21,8 @@ Splits
   ``prompt``/``completion`` files, TL;DR's reference summaries) can feed no reward model,
   so by default it is not shared out: ``sft`` trains on all of it and ``ppo`` samples
   prompts from all of it; so is a file of TRL's text rows (sft's alone) or prompt-only
-  rows (ppo's alone). ``shares`` (``--split-shares``, see
+  rows (ppo's alone), and a preference file in TRL's format (each of sft, rm and ppo takes
+  all of it, as TRL's trainers take the dataset they are given). ``shares`` (``--split-shares``, see
   :func:`.splits.parse_split_shares`) replaces these proportions. ``eval`` is the hub's own
   validation/test split where it has one (TL;DR ``validation``, HH ``test``, APPS
   ``test``); otherwise (WebGPT, local files, embedded samples) 10% of the groups are held
@@ -54,7 +55,7 @@ from .local import is_data_file, read_rows
 from .records import KIND_NAMES, NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
 from .registry import ADAPTERS, DATASETS, Adapter, detect_format
 from .report import SkipReport
-from .splits import DEMONSTRATION_FRACTIONS, SPLITS, split_by_groups, with_eval
+from .splits import DEMONSTRATION_FRACTIONS, SPLITS, TRAINING_SPLITS, split_by_groups, with_eval
 
 log = logging.getLogger("marlhf_cli.data")
 
@@ -213,6 +214,9 @@ def _from_sample(adapter: Adapter, split: str | None, seed: int, strict: bool, s
 
 # records no reward model can use: not shared out between the stages by default
 UNSHARED_KINDS = ("demonstration", "text", "prompt")
+# a file of the user's own in TRL's formats: each stage takes all of it, as TRL's trainers do
+# (the paper's datasets keep the paper's 20/40/40; --split-shares shares any source out)
+WHOLE_ADAPTERS = ("trl",)
 
 
 def _kind(parsed: list[Parsed], adapter: Adapter) -> str:
@@ -226,11 +230,12 @@ def _fractions(adapter: Adapter, kind: str, split: str | None, shares: dict | No
     """The training splits' shares of the source (no eval yet), checked against ``split``:
     ``shares`` without its zeros, or by default the adapter's; demonstrations feed no reward
     model, so by default ``sft`` and ``ppo`` each take all of them (likewise text rows, which
-    only ``sft`` reads, and prompt-only rows, which only ``ppo`` reads)."""
+    only ``sft`` reads, and prompt-only rows, which only ``ppo`` reads); a preference file in
+    TRL's format goes whole to each stage too (WHOLE_ADAPTERS)."""
     if split == "rm" and kind in UNSHARED_KINDS:
         raise UserError(f"{source} holds {KIND_NAMES[kind]}, which cannot train a reward model: rm needs {KIND_NAMES['preference']}")
-    if shares is None and kind in UNSHARED_KINDS:  # no reward-model share: sft and ppo each take all of it
-        fractions = {split: 1.0} if split in ("sft", "ppo") else DEMONSTRATION_FRACTIONS
+    if shares is None and (kind in UNSHARED_KINDS or adapter.name in WHOLE_ADAPTERS):  # each stage takes all of it
+        fractions = {split: 1.0} if split in TRAINING_SPLITS else DEMONSTRATION_FRACTIONS
     elif shares is None:
         fractions = adapter.fractions
     elif shares.get("rm") and "rm" not in adapter.fractions:

@@ -90,10 +90,17 @@ def describe_records(stage: str, train, evaluated: str) -> str:
     """The start-up line on the data: how many records of how many the stage trains on,
     the shares of the split, and ``evaluated`` (what is held out for evaluation)."""
     shares = ", ".join(f"{name} {100 * share:.3g}%" for name, share in train.fractions.items())
+    if _whole(train.fractions) and stage in ("sft", "rm", "ppo"):
+        shares += ": every stage takes all of it (--split-shares shares it out)"
     if len(train.records) < train.available:
         shares += f"; --max-records keeps {len(train.records)} of its {train.available}"
     where = f" ({shares})" if shares else ""
     return f"{stage}: training on {len(train.records)} of the {count(train.total, 'record')} of {train.source}{where}, {evaluated}"
+
+
+def _whole(fractions: dict[str, float]) -> bool:
+    """The source is not shared out: one training split takes all of it (beside eval)."""
+    return len([name for name in fractions if name != "eval"]) == 1
 
 
 def _check_shares_agree(config: Any, split: str, result) -> None:
@@ -106,6 +113,8 @@ def _check_shares_agree(config: Any, split: str, result) -> None:
         inputs = entry.get("inputs") or {}
         theirs = inputs.get("split_shares")
         if key == split or key.startswith(f"{split}/") or inputs.get("source") != result.source or not theirs:
+            continue
+        if _whole(theirs) and _whole(result.fractions):  # each takes all of it: overlap is what was asked
             continue
         if set(theirs) != set(result.fractions) or any(abs(theirs[k] - v) > 1e-9 for k, v in result.fractions.items()):
             say(f"note: '{key}' of this run directory read {result.source} with other --split-shares: their records may overlap")

@@ -36,7 +36,7 @@ ChatTemplateOption = Annotated[
 ]
 SplitSharesOption = Annotated[
     Optional[str],
-    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 50/0/50); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: 20/40/40, APPS 20/0/80; a file of demonstrations only (messages, prompt/completion) is not shared out: sft and ppo each use all of it]"),
+    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 20/40/40); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: the paper's datasets 20/40/40, APPS 20/0/80; a file of your own in TRL's formats is not shared out: each stage takes all of it]"),
 ]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")

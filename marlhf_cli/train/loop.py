@@ -71,16 +71,33 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 
 
 def total_steps(n: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
-    """Optimizer steps of the run: ``max_steps`` when given (cycling epochs), else ``epochs`` full passes."""
+    """Optimizer steps of the run: ``max_steps`` when given (cycling epochs, as often as a
+    batch needs: :func:`global_batch`), else ``epochs`` full passes."""
+    if max_steps:
+        if n == 0:
+            raise UserError("no training examples")
+        return int(max_steps)
     per_epoch = steps_per_epoch(n, batch_size)
     if per_epoch == 0:
-        raise UserError(f"only {count(n, 'training example')} for a batch of {batch_size}: lower --batch-size or add data")
-    return int(max_steps) if max_steps else per_epoch * max(1, int(epochs))
+        raise UserError(
+            f"only {count(n, 'training example')} for a batch of {batch_size}: give --max-steps (batches then cycle "
+            "through the examples), lower --batch-size or add data"
+        )
+    return per_epoch * max(1, int(epochs))
 
 
 def global_batch(n: int, batch_size: int, seed: int, step: int) -> list[int]:
-    """Indices of the examples of optimizer step ``step`` (0-based)."""
+    """Indices of the examples of optimizer step ``step`` (0-based): consecutive slices of
+    one permutation per epoch (an epoch's last examples that fill no whole batch sit out).
+    With fewer examples than a batch, the batches are consecutive slices of the epochs'
+    permutations joined end to end, so every example comes once per epoch and a batch holds
+    some more than once (``--max-steps`` cycles through the data, as its help says)."""
     per_epoch = steps_per_epoch(n, batch_size)
+    if per_epoch == 0:
+        first, last = step * batch_size, (step + 1) * batch_size
+        stream = [i for epoch in range(first // n, -(-last // n)) for i in epoch_order(n, seed, epoch)]
+        offset = (first // n) * n
+        return stream[first - offset : last - offset]
     epoch, position = divmod(step, per_epoch)
     order = epoch_order(n, seed, epoch)
     return order[position * batch_size : (position + 1) * batch_size]
