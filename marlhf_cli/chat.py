@@ -336,5 +336,7 @@ def _preview_inputs(config: Any, stage: str) -> tuple[str, list[dict], str]:
     dataset, data_file = config.dataset, config.data_file
     if data_file is None and dataset.lower() in DATASETS:
         data_file = DATASETS[dataset.lower()].sample_path
-    result = load_records(dataset, data_file=data_file, limit=1)
+    from .data.loader import hub_options
+
+    result = load_records(dataset, data_file=data_file, limit=1, **hub_options(config))
     return name, result.records, result.source

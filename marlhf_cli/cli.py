@@ -199,6 +199,8 @@ def bon(
     temperature: eval_flags.BonTemperature = None,
     name: eval_flags.BonName = None,
     dataset: flags.DatasetOption = None,
+    dataset_config: flags.DatasetConfigOption = None,
+    dataset_split: flags.DatasetSplitOption = None,
     data_file: flags.DataFileOption = None,
     strict: flags.StrictOption = None,
     chat_template: flags.ChatTemplateOption = None,
@@ -223,7 +225,7 @@ def bon(
     config = options.resolve_config(
         "bon",
         name=name, policy=policy, reward_model=reward_model, reward=reward, n=n, temperature=temperature, dataset=dataset,
-        data_file=data_file, strict=strict, chat_template=chat_template, max_records=max_records, top_k=top_k, top_p=top_p,
+        dataset_config=dataset_config, dataset_split=dataset_split, data_file=data_file, strict=strict, chat_template=chat_template, max_records=max_records, top_k=top_k, top_p=top_p,
         max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, batch_size=batch_size,
         generation=generation, normalize=normalize, **shared,
     )

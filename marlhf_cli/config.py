@@ -46,8 +46,10 @@ class CommonConfig:
 class DataConfig:
     """Which records a stage reads."""
 
-    dataset: str = "tldr"  # tldr | hh | webgpt | apps | a local .jsonl/.json/.parquet path
+    dataset: str = "tldr"  # tldr | hh | webgpt | apps | a local .jsonl/.json/.parquet path | a hub id owner/name
     data_file: str | None = None  # a local file in the named dataset's format (e.g. Anthropic's raw HH files)
+    dataset_config: str | None = None  # a hub id's configuration (datasets.load_dataset's name)
+    dataset_split: str = "train"  # the hub id's split the records come from (10% held out for evaluation)
     strict: bool = False  # any bad row is an error instead of being skipped and counted
     max_records: int | None = None  # cap on records read (quick runs)
     chat_template: str = "auto"  # auto | none | a Jinja file (marlhf_cli.chat)

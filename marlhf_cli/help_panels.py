@@ -21,7 +21,7 @@ ORDER = (
 
 # sft, rm and ppo (and every command, where a flag means the same there)
 SHARED = {
-    **dict.fromkeys(("--dataset", "--data-file", "--strict", "--max-records", "--chat-template", "--split-shares",
+    **dict.fromkeys(("--dataset", "--dataset-config", "--dataset-split", "--data-file", "--strict", "--max-records", "--chat-template", "--split-shares",
                      "--max-prompt-length", "--max-response-length", "--packing"), "Data"),
     **dict.fromkeys(("--model", "--policy", "--reward-model", "--reward", "--trainable-layers", "--dtype", "--lora-rank",
                      "--lora-alpha", "--lora-targets", "--lora-dropout"), "Model"),

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Options whose value is free-form (a name, a path, a model id): any string may be right.
 FREE_FORM = {
     "--model", "--data-file", "--run-dir", "--config", "--preset", "--name", "--policy",
-    "--reward-model", "--tokenizer", "--base-url", "--api-key-env", "--template",
+    "--reward-model", "--tokenizer", "--base-url", "--api-key-env", "--template", "--dataset-config", "--dataset-split",
 }  # fmt: skip
 # Options taking a string that must be one of a few values, or a number written as text.
 BAD_TEXT = {

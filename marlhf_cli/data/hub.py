@@ -83,7 +83,7 @@ def load_hub_rows(spec: HubSpec, split: str) -> Iterator[dict[str, Any]]:
             dataset = _load(datasets, spec, split)
     except Exception as err:  # noqa: BLE001 - classified below, re-raised unless unreachable
         if is_unreachable(err):
-            raise HubUnreachable(f"{OFFLINE_REASON}, not in the local cache" if offline else _first_line(err)) from err
+            raise HubUnreachable(f"{OFFLINE_REASON}, not in the local cache" if offline else first_line(err)) from err
         raise
     return iter(dataset)
 
@@ -148,6 +148,6 @@ def _datasets_offline(datasets: Any, offline: bool) -> Iterator[None]:
         config.HF_HUB_OFFLINE, config.HF_DATASETS_OFFLINE = saved
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

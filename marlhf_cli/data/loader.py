@@ -44,13 +44,14 @@ Bad input
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import UserError, bad_input
 from ..wording import count
-from .hub import HubUnreachable, load_hub_rows
+from .hub import HubSpec, HubUnreachable, first_line, load_hub_rows, offline_mode
 from .local import is_data_file, read_rows
 from .records import KIND_NAMES, NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
 from .registry import ADAPTERS, DATASETS, Adapter, detect_format
@@ -60,6 +61,7 @@ from .splits import DEMONSTRATION_FRACTIONS, SPLITS, TRAINING_SPLITS, split_by_g
 log = logging.getLogger("marlhf_cli.data")
 
 AUTO = ("auto", "file", "local")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name on the Hugging Face Hub
 
 
 @dataclass
@@ -111,11 +113,14 @@ def load_records(
     strict: bool = False,
     limit: int | None = None,
     shares: dict[str, float] | None = None,
+    dataset_config: str | None = None,
+    dataset_split: str = "train",
 ) -> LoadResult:
     """Load, validate and split a dataset (see the module doc for sources, splits, bad input).
 
     ``shares``: SFT/RM/PPO proportions (:func:`.splits.parse_split_shares`); None for the
-    defaults (the paper's, or all to SFT for demonstrations)."""
+    defaults (the paper's, or all to SFT for demonstrations). ``dataset_config`` and
+    ``dataset_split``: the configuration and split of a hub id (``--dataset owner/name``)."""
     if split is not None and split not in SPLITS:
         raise UserError(f"unknown split '{split}': expected one of {', '.join(SPLITS)}")
     if limit is not None and limit < 0:
@@ -126,6 +131,8 @@ def load_records(
         result = _from_file(Path(data_file), ADAPTERS.get(name.lower()), split, seed, strict, shares)
     elif name.lower() in DATASETS:
         result = _from_hub(DATASETS[name.lower()], split, seed, strict, shares)
+    elif is_hub_id(name):
+        result = _from_hub_id(name, dataset_config, dataset_split, split, seed, strict, shares)
     else:
         result = _from_file(Path(name), None, split, seed, strict, shares)
     result.available = len(result.records)
@@ -145,13 +152,55 @@ def check_source(dataset: str, data_file: str | Path | None = None) -> None:
             raise _unknown(name)
     elif name.lower() == "trl" or name.lower() in AUTO:
         raise UserError(f"--dataset {name} needs a file: pass --data-file PATH")
-    elif name.lower() not in DATASETS and not is_data_file(name):
+    elif name.lower() not in DATASETS and not is_data_file(name) and not is_hub_id(name):
         raise _unknown(name)
+
+
+def hub_options(config: Any) -> dict[str, Any]:
+    """:func:`load_records`' ``dataset_config`` and ``dataset_split`` from a stage's options
+    (``--dataset-config``, ``--dataset-split``: what a hub id given as ``--dataset`` reads)."""
+    return {"dataset_config": getattr(config, "dataset_config", None), "dataset_split": getattr(config, "dataset_split", "train")}
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether a ``--dataset`` value is a Hugging Face Hub dataset id (``owner/name``) and no
+    local file."""
+    return bool(HUB_ID.fullmatch(name)) and not is_data_file(name)
+
+
+def _from_hub_id(
+    repo: str, config: str | None, hub_split: str, split: str | None, seed: int, strict: bool, shares: dict | None
+) -> LoadResult:
+    """Any hub dataset in a format marlhf reads (TRL's, or a paper dataset's hub shape), read
+    through ``datasets.load_dataset`` (the local cache where the hub cannot be reached) and
+    held out and shared like a local file: its rows are the user's, as a file's would be."""
+    spec = HubSpec(repo, config, train_split=hub_split)
+    source = f"hub:{repo} ({hub_split})" if config is None else f"hub:{repo} ({config}, {hub_split})"  # no brackets: rich markup
+    try:
+        rows = list(load_hub_rows(spec, hub_split))
+    except HubUnreachable as err:
+        if offline_mode():
+            raise UserError(
+                f"--dataset {repo}: offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and not in the local Hugging Face "
+                "cache: load it once where the hub is reachable, with those variables unset"
+            ) from None
+        raise UserError(f"--dataset {repo}: not in the local Hugging Face cache and the hub cannot be reached ({err})") from None
+    except Exception as err:  # noqa: BLE001 - the hub's answer: no such dataset, config or split
+        raise UserError(f"--dataset {repo}{f' --dataset-config {config}' if config else ''} --dataset-split {hub_split}: "
+                        f"{first_line(err)}") from None  # fmt: skip
+    report = SkipReport()
+    parsed, adapter, variant = _parse_rows(enumerate(rows, start=1), source, None, strict, report)
+    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, source))
+    records = _select(parsed, fractions, split, seed)
+    return LoadResult(records, report, source, None, adapter.name, variant, split, len(parsed), fractions=fractions)
 
 
 def _unknown(name: str) -> UserError:
     names = ", ".join(DATASETS)
-    return UserError(f"--dataset: unknown dataset '{name}': expected one of {names}, or a .jsonl/.json/.parquet file")
+    return UserError(
+        f"--dataset: unknown dataset '{name}': expected one of {names}, a .jsonl/.json/.parquet file, "
+        "or a Hugging Face Hub id (owner/name)"
+    )
 
 
 def _from_file(

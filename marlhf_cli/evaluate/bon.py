@@ -89,7 +89,9 @@ def load_prompts(config, console) -> tuple[list[dict], str, int]:
 
     from ..data.records import PROMPT_KINDS
 
-    result = load_records(config.dataset, data_file=config.data_file, split="eval", strict=config.strict)
+    from ..data.loader import hub_options
+
+    result = load_records(config.dataset, data_file=config.data_file, split="eval", strict=config.strict, **hub_options(config))
     result.require(STAGE, PROMPT_KINDS)
     if result.notice:
         console.print(result.notice, highlight=False, soft_wrap=True)

@@ -70,12 +70,13 @@ def load_split(config: Any, split: str, limit: int | None, *, report: bool = Tru
     The report covers the whole source, so a stage shows it for one of its splits only.
     """
     from ..data import load_records
+    from ..data.loader import hub_options
     from ..data.splits import parse_split_shares
 
     shares = parse_split_shares(config.split_shares) if getattr(config, "split_shares", None) else None
     result = load_records(
         config.dataset, data_file=config.data_file, split=split, seed=split_seed(config),
-        strict=config.strict, limit=limit, shares=shares,
+        strict=config.strict, limit=limit, shares=shares, **hub_options(config),
     )  # fmt: skip
     if result.notice and report:
         say(result.notice)

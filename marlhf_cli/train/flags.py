@@ -19,7 +19,14 @@ from ..options import opt as _opt, switch as _switch
 # data ------------------------------------------------------------------------------------
 DatasetOption = Annotated[
     Optional[str],
-    _opt("--dataset", "tldr, hh, webgpt, apps (the paper's datasets), or a local .jsonl/.json/.parquet file in any of TRL's formats: preference (prompt/chosen/rejected, or chosen/rejected conversations), prompt-only, prompt/completion, conversational (messages) or language modelling (text). [default: tldr]"),
+    _opt("--dataset", "tldr, hh, webgpt, apps (the paper's datasets), a Hugging Face Hub id (owner/name, e.g. trl-lib/ultrafeedback_binarized; --dataset-config, --dataset-split) or a local .jsonl/.json/.parquet file, in any of TRL's formats: preference (prompt/chosen/rejected, or chosen/rejected conversations), prompt-only, prompt/completion, conversational (messages) or language modelling (text). [default: tldr]"),
+]
+DatasetConfigOption = Annotated[
+    Optional[str], _opt("--dataset-config", "With a hub id as --dataset: its configuration (load_dataset's name), where it has several."),
+]
+DatasetSplitOption = Annotated[
+    Optional[str],
+    _opt("--dataset-split", "With a hub id as --dataset: the split its records come from; 10% of it is held out for evaluation. [default: train]"),
 ]
 DataFileOption = Annotated[
     Optional[str],
@@ -179,7 +186,7 @@ XAxis = Annotated[Optional[str], _opt("--x-axis", "With --compare: eval curves a
 # groups a command takes whole (marlhf_cli.options.with_flags)
 
 DATA = {
-    "dataset": DatasetOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
+    "dataset": DatasetOption, "dataset_config": DatasetConfigOption, "dataset_split": DatasetSplitOption, "data_file": DataFileOption, "strict": StrictOption, "max_records": MaxRecordsOption,
     "chat_template": ChatTemplateOption,
     "split_shares": SplitSharesOption,
 }  # fmt: skip
