@@ -8,11 +8,13 @@ the stage that needs them.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable
 
 from .errors import UserError
+from .wording import count
 
 # The choices below are also defined where they are used (marlhf_cli.macro, engine.py,
 # evaluate/prompts.py), which this module must not import (they pull in torch);
@@ -100,49 +102,76 @@ def rule_list(spec: Any) -> list[str]:
     return names
 
 
-def _is_rule_list(spec: Any) -> bool:
-    try:
-        return bool(rule_list(spec))
-    except ValueError:
-        return False
+def parses(parse: Callable[[Any], Any] | str) -> Callable[[Any], bool]:
+    """A test that ``parse`` takes the value: returns something and raises no ValueError.
+    ``parse`` may be named as "module:function" under marlhf_cli, imported when first used
+    (this module loads before anything heavy)."""
+
+    def test(value: Any) -> bool:
+        function = parse
+        if isinstance(function, str):
+            module, name = function.split(":")
+            function = getattr(importlib.import_module(module, __package__), name)
+        try:
+            return bool(function(value))
+        except ValueError:
+            return False
+
+    return test
 
 
 @dataclass(frozen=True)
 class RewardChoice(Accepts):
     """A named reward, or ``py:FILE.py:FUNCTION``: then the file is imported (the user's own
     code, docs: README "Rewards as Python functions") and the callable looked up, so a typo
-    fails in one line before anything loads."""
+    fails in one line before anything loads. With ``several``, a comma-separated list of them
+    (ppo's TRL-like reward_funcs)."""
+
+    several: bool = False
 
     def check(self, flag: str, value: Any) -> None:
         from .rewards.function import is_function_spec, load_function
 
-        if is_function_spec(value):
-            load_function(value, flag)
-        else:
-            super().check(flag, value)
+        parts = reward_list(value)
+        if len(parts) > 1 and not self.several:
+            raise UserError(f"{flag} takes one reward here, got {len(parts)}: {value}")
+        if len(parts) != len(set(parts)):
+            raise UserError(f"{flag} names a reward twice: {value}")
+        for part in parts:
+            if is_function_spec(part):
+                load_function(part, flag)
+            else:
+                super().check(flag, part)
 
 
-def rewards(*names: str) -> Accepts:
-    return RewardChoice(lambda v: v in names, f"one of {', '.join(names)}, or py:FILE.py:FUNCTION")
+def reward_list(value: Any) -> list[str]:
+    """``--reward model,py:r.py:length`` (or repeated, joined by the CLI; a YAML list) -> the rewards."""
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _is_split_shares(text: Any) -> bool:
-    from .data.splits import parse_split_shares
-
-    try:
-        return bool(parse_split_shares(text))
-    except ValueError:
-        return False
+def rewards(*names: str, several: bool = False) -> Accepts:
+    words = f"one of {', '.join(names)}, or py:FILE.py:FUNCTION" + (" (several comma-separated)" if several else "")
+    return RewardChoice(lambda v: v in names, words, several)
 
 
-def _is_target_list(spec: Any) -> bool:
-    """--lora-targets: 'all-linear' or names (marlhf_cli.lora.target_names, which needs no torch)."""
-    from .lora import target_names
+def weight_list(text: Any) -> list[float]:
+    """``--reward-weights 1,0.5`` (or ``[1, 0.5]`` from YAML) -> the weights in order
+    (ValueError unless finite numbers)."""
+    values = [float(part.strip()) for part in str(text).strip().strip("[]").split(",") if part.strip()]
+    if not values or not all(math.isfinite(value) for value in values):
+        raise ValueError(text)
+    return values
 
-    try:
-        return bool(target_names(spec))
-    except ValueError:
-        return False
+
+def reward_weights(specs: list[str], text: Any) -> list[float]:
+    """``--reward-weights`` for the rewards ``specs``: one per reward, 1 each when not given."""
+    if text is None:
+        return [1.0] * len(specs)
+    weights = weight_list(text)
+    if len(weights) != len(specs):
+        raise UserError(f"--reward-weights gives {count(len(weights), 'weight')} for {count(len(specs), 'reward')} ({', '.join(specs)})")
+    return weights
 
 
 SEGMENT_LENGTH = Accepts(_segment_length, "a whole number >= 1, or inf")
@@ -153,7 +182,7 @@ POSITIVE = at_least(1)
 ACCEPTS: dict[str, Accepts] = {
     "seed": at_least(0),
     "max_records": POSITIVE,
-    "split_shares": Accepts(_is_split_shares, "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
+    "split_shares": Accepts(parses(".data.splits:parse_split_shares"), "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
     "eval_records": at_least(0),
     "lr": at_least(0),  # 0 freezes the weights (the step-cost benchmarks sample identically)
     "batch_size": POSITIVE,
@@ -176,8 +205,9 @@ ACCEPTS: dict[str, Accepts] = {
     "lora_rank": at_least(0),
     "lora_alpha": above(0),
     "lora_dropout": between(0, 1, high_open=True),
-    "lora_targets": Accepts(_is_target_list, "all-linear or comma-separated module names (q_proj,v_proj)"),
-    "reward": rewards(*REWARDS),
+    "lora_targets": Accepts(parses(".lora:target_names"), "all-linear or comma-separated module names (q_proj,v_proj)"),
+    "reward": rewards(*REWARDS, several=True),
+    "reward_weights": Accepts(parses(weight_list), "comma-separated numbers, one per --reward"),
     "advantage": one_of(*ADVANTAGES),
     "samples_per_prompt": POSITIVE,  # rloo/grpo/mc need 2 or more: checked by the stage
     "mc_rollouts": POSITIVE,
@@ -208,7 +238,7 @@ ACCEPTS: dict[str, Accepts] = {
     "parser_backend": one_of(*PARSER_BACKENDS),
     "parse_workers": at_least(0),
     "eval_prompts": at_least(0),
-    "rule": Accepts(_is_rule_list, f"{', '.join(RULES)}, several of them comma-separated, or all"),
+    "rule": Accepts(parses(rule_list), f"{', '.join(RULES)}, several of them comma-separated, or all"),
     "backend": one_of(*PARSER_BACKENDS),
     "format": one_of("text", "json"),
     "task": one_of(*JUDGE_TASKS),
@@ -257,6 +287,8 @@ def check_fields(config: Any, names: Iterable[str], stage: str | None = None) ->
 def validate(stage: str, config: Any) -> None:
     """One-line errors for option values no run of ``stage`` can use (see ACCEPTS)."""
     check_fields(config, [f.name for f in fields(config)], stage)
+    if getattr(config, "reward_weights", None) is not None:  # ppo: one weight per reward
+        reward_weights(reward_list(config.reward) if config.reward else ["the default"], config.reward_weights)
     if getattr(config, "chat_template", None) is not None:
         from .chat import check_template_file
 

@@ -171,6 +171,8 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
     marlhf ppo --advantage mc --termination fixed --n 8 (Monte-Carlo segment advantages, no critic)
     """
     dry_run = shared.pop("dry_run") and not compare  # --compare draws finished runs: nothing to print
+    if shared["reward"]:  # --reward repeated and/or comma-separated: one list
+        shared["reward"] = ",".join(shared["reward"])
     config = options.resolve_config("ppo", dry_run=dry_run, **shared)
     if x_axis is not None:
         one_of(*X_AXES).check("--x-axis", x_axis)

@@ -135,8 +135,10 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
     # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (the user's
-    # function, TRL's reward_funcs convention); None: apps for --dataset apps, else model
+    # function, TRL's reward_funcs convention), or several comma-separated (their weighted
+    # sum, TRL's reward_weights); None: apps for --dataset apps, else model
     reward: str | None = None
+    reward_weights: str | None = None  # one weight per --reward, comma-separated; None: 1 each
     # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines;
     # mc: critic-free, macro actions valued by sampled continuations
     advantage: str = "gae"
@@ -302,6 +304,8 @@ def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
         return value
     if kind == "float" and isinstance(value, str) and value.strip().lower() in {"inf", "infinity"}:
         return math.inf
+    if kind == "str" and isinstance(value, (list, tuple)):  # a YAML list: the flag's comma-separated form
+        return ",".join(map(str, value))
     wrong = (
         (kind == "bool" and not isinstance(value, bool))
         or (kind in ("int", "float") and isinstance(value, bool))

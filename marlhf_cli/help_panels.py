@@ -23,7 +23,7 @@ ORDER = (
 SHARED = {
     **dict.fromkeys(("--dataset", "--dataset-config", "--dataset-split", "--data-file", "--strict", "--max-records", "--chat-template", "--split-shares",
                      "--max-prompt-length", "--max-response-length", "--packing"), "Data"),
-    **dict.fromkeys(("--model", "--policy", "--reward-model", "--reward", "--trainable-layers", "--dtype", "--lora-rank",
+    **dict.fromkeys(("--model", "--policy", "--reward-model", "--reward", "--reward-weights", "--trainable-layers", "--dtype", "--lora-rank",
                      "--lora-alpha", "--lora-targets", "--lora-dropout"), "Model"),
     **dict.fromkeys(("--termination", "--n", "--cutoff", "--value-function", "--ratio", "--parser-backend",
                      "--parse-workers"), "Macro actions"),

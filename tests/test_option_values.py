@@ -38,6 +38,7 @@ BAD_TEXT = {
     "--loss-aggregation": "mean",
     "--kl-estimator": "k2",
     "--reward": "nonsense",
+    "--reward-weights": "1,heavy",
     "--advantage": "ppo",
     "--x-axis": "time",
     "--dtype": "fp16",

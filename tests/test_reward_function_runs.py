@@ -27,6 +27,10 @@ REWARD = '''
 def overlap(prompts, completions, answer, **kwargs):
     """The share of the answer's characters that the response uses."""
     return [len(set(c) & set(a)) / len(set(a)) for c, a in zip(completions, answer)]
+
+
+def brevity(completions, **kwargs):
+    return [-len(c) / 10 for c in completions]
 '''
 # the same function, raising from its FAIL_FROM-th call on (a bug that shows up mid-run)
 FLAKY = REWARD + '''
@@ -97,6 +101,31 @@ def test_ppo_scores_with_the_function_and_needs_no_reward_model(tmp_path, task, 
     assert stage["status"] == "finished" and stage["inputs"]["reward"] == f"py:{task['reward']}:overlap"
     evals = [r for r in read_jsonl(run / "metrics" / f"ppo-{name}.jsonl") if r["split"] == "eval"]
     assert evals[-1]["score"] == pytest.approx(sum(r["score"] for r in samples) / 4, rel=1e-6)
+
+
+def test_several_rewards_score_with_their_weighted_sum_and_log_each(tmp_path, task):
+    run, spec = tmp_path / "run", f"py:{task['reward']}"
+    result = invoke(
+        "ppo", "--preset", "cpu-tiny", "--run-dir", run, "--dataset", task["prompts"], "--policy", "tiny",
+        "--reward-model", "tiny", "--reward", "model", "--reward", f"{spec}:overlap,{spec}:brevity",
+        "--reward-weights", "1,2,-0.5", "--advantage", "grpo", "--max-steps", "2", "--rollout-batch-size", "2",
+        "--mini-batch-size", "4", "--eval-prompts", "4", "--eval-every", "2", "--save-every", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"2 x {spec}:overlap + -0.5 x {spec}:brevity" in result.output
+    samples = read_jsonl(run / "samples" / "grpo.jsonl")
+    assert len(samples) == 4
+    assert_scores_are_the_functions(samples, task["answers"], key="score_overlap")
+    for row in samples:
+        assert row["score_brevity"] == pytest.approx(-len(row["response"]) / 10)
+        assert row["score"] == pytest.approx(row["score_model"] + 2 * row["score_overlap"] - 0.5 * row["score_brevity"], abs=1e-5)
+    assert len({row["score_model"] for row in samples}) > 1  # the tiny reward model's scores, not a constant
+    rows = read_jsonl(run / "metrics" / "ppo-grpo.jsonl")
+    for row in rows:  # each step's and evaluation's mean: the same weighted sum of the parts' means
+        assert row["score"] == pytest.approx(row["score_model"] + 2 * row["score_overlap"] - 0.5 * row["score_brevity"], abs=1e-5)
+    assert [row["split"] for row in rows].count("train") == 2
+    summary = json.loads((run / "run.json").read_text())["stages"]["ppo/grpo"]["metrics"]
+    assert {"score_model", "score_overlap", "score_brevity"} <= summary.keys()
 
 
 # ---------------------------------------------------------------------------------------

@@ -314,3 +314,60 @@ def test_the_cli_prints_the_traceback_then_one_line(rewards, tmp_path, monkeypat
     lines = result.output.rstrip("\n").splitlines()
     assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "ZeroDivisionError: float division by zero"
     assert lines[-1].startswith(f"error: reward function py:{rewards}:divides raised ZeroDivisionError")
+
+
+# ---------------------------------------------------------------------------------------
+# several rewards, weighted (ppo's --reward A --reward B --reward-weights 1,0.5)
+
+
+def test_several_rewards_are_checked_as_options(rewards, tmp_path):
+    spec = f"py:{rewards}:named"
+    config = config_module.resolve("ppo", flags={"reward": f"model,{spec}", "reward_weights": "1, -0.5", "run_dir": str(tmp_path)})
+    from marlhf_cli.train.ppo import settings
+
+    assert settings.reward_specs(config) == ["model", spec] and settings.reward_weights(config) == [1.0, -0.5]
+    assert settings.uses_reward_model(config)
+    as_yaml = config_module.resolve("ppo", flags={"reward": [spec, "apps"], "reward_weights": [2, 1], "run_dir": str(tmp_path)})
+    assert settings.reward_specs(as_yaml) == [spec, "apps"] and settings.reward_weights(as_yaml) == [2.0, 1.0]
+    assert not settings.uses_reward_model(as_yaml)
+    errors = {
+        (f"model,{spec}", "1"): "--reward-weights gives 1 weight for 2 rewards (model, " + spec + ")",
+        (f"model,{spec}", "1,x"): "--reward-weights must be comma-separated numbers, one per --reward",
+        (f"model,{spec}", "1,nan"): "--reward-weights must be comma-separated numbers",
+        (f"{spec},{spec}", None): "--reward names a reward twice",
+        (f"model,py:{rewards}:nope", None): "defines no 'nope'",
+    }
+    for (reward_flag, weights), expected in errors.items():
+        with pytest.raises(UserError) as caught:
+            config_module.resolve("ppo", flags={"reward": reward_flag, "reward_weights": weights, "run_dir": str(tmp_path)})
+        assert expected in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    with pytest.raises(UserError, match="--reward takes one reward here, got 2"):
+        config_module.resolve("bon", flags={"reward": f"model,{spec}"})
+
+
+def test_weighted_rewards_sum_the_parts_and_keep_each_ones_scores(rewards):
+    from types import SimpleNamespace
+
+    from marlhf_cli.train.ppo.rewards import TokenFractionReward, WeightedRewards
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        rows, width = 1 + trial % 4, 5
+        ids = torch.randint(0, 6, (rows, width), generator=generator)
+        mask = (torch.arange(width) < torch.randint(1, width + 1, (rows, 1), generator=generator)).long()
+        completions = ["".join("abc "[int(i) % 4] for i in row[: int(m.sum())]) for row, m in zip(ids, mask)]
+        batch = SimpleNamespace(prompts=["p"] * rows, responses=completions, records=[{"prompt": "p"}] * rows,
+                                response_ids=ids, response_mask=mask)  # fmt: skip
+        parts = [("everything", reward(rewards, "everything")), ("fraction", TokenFractionReward([1, 2]))]
+        weights = torch.randn(2, generator=generator).tolist()
+        combined = WeightedRewards(parts, weights)
+        # the reference: each part's scores, summed with the weights by hand
+        each = {name: [float(x) for x in part(batch)] for name, part in parts}
+        expected = [weights[0] * a + weights[1] * b for a, b in zip(each["everything"], each["fraction"])]
+        assert combined(batch).tolist() == pytest.approx(expected, rel=1e-6, abs=1e-6)
+        assert combined.last.keys() == each.keys()
+        for name, scores in combined.last.items():
+            assert scores.tolist() == pytest.approx(each[name])
+    assert combined.name == f"{weights[0]:g} x py:{rewards}:everything + {weights[1]:g} x token-fraction"
+    with pytest.raises(ValueError, match="2 rewards, 1 weights"):
+        WeightedRewards(parts, [1.0])

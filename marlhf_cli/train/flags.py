@@ -126,7 +126,8 @@ LoraTargetsOption = Annotated[
 Name = Annotated[Optional[str], _opt("--name", "Run name: ppo/<name>, samples/<name>.jsonl, metrics/ppo-<name>.jsonl. [default: from the estimator and the rule: vanilla, fixed5, fixed-inf, ppl, parsing, code, randomized (gae; -first etc. for another --value-function), rloo, grpo, mc-fixed8, mc-ppl-m4-b3 (mc: its rule, M and B), with -k<K> for a group size other than the default and -macro-ratio or -<aggregation> for those options]")]
 Policy = Annotated[Optional[str], _opt("--policy", "Policy and reference model (hub id, folder, alias 'tiny'). [default: the run's sft/]")]
 RewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model, also the critic's initialisation (hub id, folder, alias 'tiny'). With --dataset apps the reward is the tests' outcome and the critic starts from the policy unless this is given. [default: the run's rm/]")]
-Reward = Annotated[Optional[str], _opt("--reward", "Where scores come from: model (the reward model), apps (run the generated program on the record's tests, docs/method.md, 'Program rewards') or py:FILE.py:FUNCTION (your Python function, called as TRL's reward_funcs: prompts=, completions=, completions_ids=, and the records' other fields as keyword lists; it returns one float per response). The file is your own code, imported and run as it is, not sandboxed. With apps or py: no rm/ is needed and the critic starts from the policy. [default: apps for --dataset apps, else model]")]
+Reward = Annotated[Optional[List[str]], _opt("--reward", "Where scores come from: model (the reward model), apps (run the generated program on the record's tests, docs/method.md, 'Program rewards') or py:FILE.py:FUNCTION (your Python function, called as TRL's reward_funcs: prompts=, completions=, completions_ids=, and the records' other fields as keyword lists; it returns one float per response). Several, repeated or comma-separated, score with their weighted sum (--reward-weights; each one's mean is logged as score_<name>). The file is your own code, imported and run as it is, not sandboxed. Without model no rm/ is needed and the critic starts from the policy. [default: apps for --dataset apps, else model]")]
+RewardWeights = Annotated[Optional[str], _opt("--reward-weights", "One weight per --reward, comma-separated, in the same order (TRL's reward_weights): the score is the weighted sum. [default: 1 each]")]
 
 # advantage estimator
 Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline), grpo (group-normalised score, KL as a loss term) or mc (macro actions from --termination, each boundary valued by the mean score of --mc-rollouts continuations sampled from it, KL as a loss term); rloo, grpo and mc train no critic. [default: gae]")]
@@ -205,7 +206,8 @@ ENGINE = {
 LORA = {"lora_rank": LoraRankOption, "lora_alpha": LoraAlphaOption, "lora_targets": LoraTargetsOption}  # ppo
 LORA_TRAINING = {**LORA, "lora_dropout": LoraDropoutOption}  # sft and rm
 PPO = {
-    "name": Name, "policy": Policy, "reward_model": RewardModel, "reward": Reward, "advantage": Advantage,
+    "name": Name, "policy": Policy, "reward_model": RewardModel, "reward": Reward, "reward_weights": RewardWeights,
+    "advantage": Advantage,
     "samples_per_prompt": SamplesPerPrompt, "mc_rollouts": McRollouts, "mc_max_boundaries": McMaxBoundaries,
     "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "clip_range": ClipRange,

@@ -22,7 +22,8 @@ Inputs: the policy and reference come from the run's SFT model, the critic and t
 from its reward model (``--policy`` / ``--reward-model`` override; the ``tiny`` alias works
 for both). With ``--reward apps`` (the default for ``--dataset apps``) the score is the
 generated program's test outcome, with ``--reward py:FILE.py:FUNCTION`` the user's function's
-(:mod:`marlhf_cli.rewards.function`); then no rm/ is needed and the critic starts from the
+(:mod:`marlhf_cli.rewards.function`), with several of them (``--reward model,py:f.py:g``)
+their ``--reward-weights`` sum; without ``model`` among them no rm/ is needed and the critic starts from the
 policy. A reward function that fails stops every process with the last completed step
 checkpointed (:mod:`.stopping`). Outputs under the run directory: ``ppo/<name>/`` (actor, ``critic/``,
 ``checkpoints/``), ``metrics/ppo-<name>.jsonl``, ``tb/ppo-<name>/``, ``plots/ppo-<name>-*.png``,
@@ -77,7 +78,7 @@ from .settings import (
     fingerprint,
     group_size,
     is_critic_free,
-    make_reward,
+    make_rewards,
     model_sources,
     responses_per_step,
     run_name,
@@ -107,10 +108,11 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         check_resumable(root, expected, config, critic=not is_critic_free(config))
     held_out = held_out_prompts(config)
     common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
-    reward = reward_fn or make_reward(config)
-    if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
-        reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
-    models = build_models(config, policy, reward_model, reward)
+    rewards = [("reward", reward_fn)] if reward_fn is not None else make_rewards(config)
+    for _, reward in rewards:
+        if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
+            reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
+    models = build_models(config, policy, reward_model, reward_fn if reward_fn is not None else rewards)
     compiled_sampling.announce(config, generation_why, models.sampler.module, device=models.device, say=common.say,
                                rows=responses_per_step(config) // eng.world_size())  # fmt: skip
     ctx = make_context(config, models, prompts.records)

@@ -90,6 +90,8 @@ def evaluate(ctx: Any, records: Sequence[dict], step: int) -> tuple[dict[str, fl
         "eos_rate": sum(r["eos"] for r in rows) / n,
         "prompts": float(len(rows)),
     }
+    for key in (key for key in (rows[0] if rows else {}) if key.startswith("score_")):  # several --reward
+        metrics[key] = sum(r[key] for r in rows) / n
     return metrics, rows
 
 
@@ -105,9 +107,11 @@ def _score_shard(ctx: Any, mine: Sequence[dict], chunk: int, rank: int, processe
         batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
         with resident(getattr(models.reward, "model", None), models.device, config.offload_frozen):
             scores = models.reward(batch).float().cpu()
+        parts = {f"score_{name}": part for name, part in getattr(models.reward, "last", {}).items()}
         lengths = mask.sum(dim=1).cpu()
         for i, record in enumerate(part):
             rows.append({
                 "index": rank + (start + i) * processes, **sample_prompt(record, prompts[i]), "response": batch.responses[i],
-                "score": float(scores[i]), "length": int(lengths[i]), "eos": bool(has_eos[i]),
+                "score": float(scores[i]), **{key: float(part[i]) for key, part in parts.items()},
+                "length": int(lengths[i]), "eos": bool(has_eos[i]),
             })  # fmt: skip

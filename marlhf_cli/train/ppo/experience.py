@@ -26,7 +26,7 @@ Segmentation and advantages come after (:mod:`.credit`), since the termination r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, Sequence
 
 import torch
@@ -95,6 +95,8 @@ class Experience:
     rewards: torch.Tensor
     raw_scores: torch.Tensor  # [B] what the reward function returned
     scores: torch.Tensor  # [B] clipped, minus the missing-EOS penalty: what is placed
+    # [B] each part's raw score when --reward names several (WeightedRewards.last), by name
+    score_parts: dict[str, torch.Tensor] = field(default_factory=dict)
     generation_seconds: float = 0.0
     scoring_seconds: float = 0.0
     # filled by credit assignment
@@ -284,6 +286,7 @@ def make_experience(
         values = torch.zeros_like(old_logp)
     with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
         raw_scores = reward_fn(batch).float().to(old_logp.device)
+    score_parts = {name: part.clone() for name, part in getattr(reward_fn, "last", {}).items()}  # mc's calls overwrite it
     scores = final_scores(raw_scores, has_eos.to(raw_scores.device), settings.reward_clip, settings.missing_eos_penalty)
 
     real = mask.bool()
@@ -312,6 +315,7 @@ def make_experience(
         rewards=rewards,
         raw_scores=raw_scores,
         scores=scores,
+        score_parts=score_parts,
         generation_seconds=generated - started,
         scoring_seconds=time.perf_counter() - generated,
     )

@@ -33,6 +33,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "fallbacks": float(stats.fallbacks),
         "continuations": float(experience.continuations),
         "continuation_tokens": float(experience.continuation_tokens),
+        **{f"part:{name}": float(part.sum()) for name, part in experience.score_parts.items()},
         **{f"update:{k}": v for k, v in update_stats.items()},
         **{f"time:{k}": v for k, v in timings.items()},
     }
@@ -64,7 +65,9 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "generated_tokens": total["response_tokens"] + total["continuation_tokens"],
     }
     for key, value in total.items():
-        if key.startswith("update:"):
+        if key.startswith("part:"):  # one of several --reward's raw score, unweighted
+            out["score_" + key.split(":", 1)[1]] = value / samples
+        elif key.startswith("update:"):
             out[key.split(":", 1)[1]] = value / processes
         elif key.startswith("time:"):
             out[key.split(":", 1)[1]] = value / processes
@@ -85,6 +88,7 @@ def final_metrics(last: dict, history: list[dict], durations: list[float], start
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
     keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "parse_fallbacks", "generation_captures")
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
+    metrics |= {k: v for k, v in last.items() if k.startswith("score_")}  # several --reward: each one's
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))
     timed = durations[1:] or durations  # the first step includes one-off warm-up
     if timed:

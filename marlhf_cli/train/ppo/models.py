@@ -12,8 +12,8 @@ from .. import common
 from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from .generation import GenerationModel
-from .rewards import RewardFn, RewardModelReward
-from .settings import is_critic_free, micro_batch, optimizer_steps, run_name
+from .rewards import RewardFn, RewardModelReward, WeightedRewards
+from .settings import is_critic_free, make_rewards, micro_batch, optimizer_steps, reward_weights, run_name
 
 
 @dataclass
@@ -30,9 +30,13 @@ class Models:
     critic_save: Callable | None = None
 
 
-def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | None) -> Models:
+def build_models(config, policy: str, reward_model: str, rewards: RewardFn | list | None) -> Models:
     """Actor and critic engines (no critic for rloo/grpo), the frozen reference, the reward,
     and the tokenizer.
+
+    ``rewards``: :func:`.settings.make_rewards`' list (the reward model's entry None: built
+    here), weighted by ``--reward-weights`` when there are several; None for that list; or one
+    RewardFn that replaces ``--reward`` (tests, benchmarks).
 
     With ``--lora-rank`` the actor and the critic get fresh adapters (B = 0), the reference
     is the actor with its adapter off and, where the critic exists and the reward is the
@@ -75,15 +79,26 @@ def build_models(config, policy: str, reward_model: str, reward_fn: RewardFn | N
     else:
         reference.eval().requires_grad_(False)
         reference.to("cpu" if config.offload_frozen else device)
-    if reward_fn is None and adapted and critic_model is not None:
-        reward_fn = BaseModelReward(critic_model, batch_size=micro_batch(config))
-    elif reward_fn is None:
-        rm = load_reward_model(reward_model, dtype=dtype)
-        _check_vocabulary(rm, tokenizer, reward_model, policy)
-        disable_dropout(rm)
-        rm.eval().requires_grad_(False)
-        rm.to("cpu" if config.offload_frozen else device)
-        reward_fn = RewardModelReward(rm, batch_size=micro_batch(config))
+    if rewards is None or isinstance(rewards, list):
+        parts = make_rewards(config) if rewards is None else rewards
+        weights = reward_weights(config)
+    else:  # one reward in place of --reward's
+        parts, weights = [("reward", rewards)], [1.0]
+    built = []
+    for name, reward in parts:
+        if reward is None:  # the reward model's score
+            if adapted and critic_model is not None:  # the critic with its adapter off: no second copy
+                reward = BaseModelReward(critic_model, batch_size=micro_batch(config))
+            else:
+                rm = load_reward_model(reward_model, dtype=dtype)
+                _check_vocabulary(rm, tokenizer, reward_model, policy)
+                disable_dropout(rm)
+                rm.eval().requires_grad_(False)
+                rm.to("cpu" if config.offload_frozen else device)
+                reward = RewardModelReward(rm, batch_size=micro_batch(config))
+        built.append((name, reward))
+    reward_fn = built[0][1] if len(built) == 1 and weights == [1.0] else WeightedRewards(built, weights)
+
     def whole_copy():
         model = load_causal_lm(policy, dtype=dtype)
         disable_dropout(model)

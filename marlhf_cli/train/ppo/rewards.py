@@ -11,6 +11,8 @@ The PPO stage only needs "one number per response". A :class:`RewardFn` gets a
 * a program-synthesis reward (APPS, docs/method.md "Program rewards") that runs the response against the
   record's tests: it needs only ``batch.responses`` and ``batch.records``.
 
+:class:`WeightedRewards` makes one of several (``--reward model,py:f.py:g``).
+
 The stage clips the score and places it at the last real token; reward functions just score.
 """
 
@@ -76,6 +78,39 @@ class RewardModelReward:
             for i in range(0, size, self.batch_size)
         ])  # fmt: skip
         return ((scores - self.mean) / self.std).float().cpu()
+
+
+class WeightedRewards:
+    """Several rewards as one, as TRL's ``reward_funcs`` with ``reward_weights``: the score is
+    sum_i w_i r_i. Each part's scores of the last call stay in ``last`` (name -> [B]), which
+    the step logs as score_<name>. ``model`` (the reward model's, for --offload-frozen),
+    ``check_records`` and ``close`` reach the parts that have them."""
+
+    def __init__(self, parts: Sequence[tuple[str, "RewardFn"]], weights: Sequence[float]):
+        if len(parts) != len(weights):
+            raise ValueError(f"{len(parts)} rewards, {len(weights)} weights")
+        self.parts, self.weights = list(parts), [float(w) for w in weights]
+        self.name = " + ".join(f"{w:g} x {reward.name}" for (_, reward), w in zip(self.parts, self.weights))
+        self.model = next((r.model for _, r in self.parts if getattr(r, "model", None) is not None), None)
+        self.last: dict[str, torch.Tensor] = {}
+
+    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
+        total = torch.zeros(len(batch.responses))
+        for (name, reward), weight in zip(self.parts, self.weights):
+            scores = reward(batch).float().cpu()
+            self.last[name] = scores
+            total = total + weight * scores
+        return total
+
+    def check_records(self, records, where: str) -> None:
+        for _, reward in self.parts:
+            if hasattr(reward, "check_records"):
+                reward.check_records(records, where)
+
+    def close(self) -> None:
+        for _, reward in self.parts:
+            if hasattr(reward, "close"):
+                reward.close()
 
 
 class TokenFractionReward:

@@ -11,10 +11,11 @@ import re
 from typing import Any, Sequence
 
 from ... import engine as eng
+from ...accepts import reward_list
+from ...accepts import reward_weights as checked_weights
 from ...artifacts import RunDir
 from ...errors import UserError
 from ...macro.segmentation import missing_parser
-from ...rewards.function import is_function_spec
 from ...wording import count
 from . import credit
 from .estimators import ESTIMATORS, estimator_of, group_size
@@ -93,41 +94,59 @@ def describe(config, rule) -> str:
     return estimator_of(config).describe(config, rule, group_size(config))
 
 
-def reward_kind(config) -> str:
-    """``model``, ``apps`` or ``function`` (``--reward py:FILE.py:FUNCTION``); by default
+def reward_specs(config) -> list[str]:
+    """``--reward`` as a list, each ``model``, ``apps`` or ``py:FILE.py:FUNCTION``; by default
     ``apps`` for the APPS dataset (its reward is the tests' outcome, docs/method.md "Program
     rewards") and ``model`` (the reward model) for everything else."""
     if config.reward:
-        return "function" if is_function_spec(config.reward) else config.reward
-    return "apps" if config.dataset == "apps" else "model"
+        return reward_list(config.reward)
+    return ["apps" if config.dataset == "apps" else "model"]
+
+
+def reward_weights(config) -> list[float]:
+    """``--reward-weights``, one per reward (1 each by default)."""
+    return checked_weights(reward_specs(config), config.reward_weights)
+
+
+def uses_reward_model(config) -> bool:
+    return "model" in reward_specs(config)
 
 
 def model_sources(config, run_dir: RunDir) -> tuple[str, str]:
     """(policy, critic source): the flags, else the run's sft/ and rm/ (or a 'run X first' error).
 
-    With ``--reward apps`` or a Python function there is no reward model: the critic starts
-    from the policy (docs/method.md "Program rewards") unless ``--reward-model`` names one,
-    and no rm/ is needed.
+    Without ``model`` among the rewards (``--reward apps``, Python functions) there is no
+    reward model: the critic starts from the policy (docs/method.md "Program rewards") unless
+    ``--reward-model`` names one, and no rm/ is needed.
     """
     policy = str(config.policy) if config.policy else str(run_dir.require("sft"))
     if config.reward_model:
         return policy, str(config.reward_model)
-    if reward_kind(config) in ("apps", "function"):
+    if not uses_reward_model(config):
         return policy, policy
     return policy, str(run_dir.require("rm"))
 
 
-def make_reward(config) -> RewardFn | None:
-    """The reward named by ``--reward`` when it is not the reward model (built with the models)."""
-    if reward_kind(config) == "apps":
-        from ...rewards.apps import AppsReward
+def make_rewards(config) -> list[tuple[str, RewardFn | None]]:
+    """``--reward``'s rewards as (name, reward), in order; the reward model's is None (it is
+    built with the models: build_models). The names key each one's logged mean (score_<name>):
+    model, apps, or a function's name."""
+    out: list[tuple[str, RewardFn | None]] = []
+    for spec in reward_specs(config):
+        if spec == "model":
+            out.append(("model", None))
+        elif spec == "apps":
+            from ...rewards.apps import AppsReward
 
-        return AppsReward()  # the compiler signal: run the response against the problem's tests
-    if reward_kind(config) == "function":
-        from ...rewards.function import FunctionReward
+            out.append(("apps", AppsReward()))  # the compiler signal: run the response against the problem's tests
+        else:
+            from ...rewards.function import FunctionReward
 
-        return FunctionReward(config.reward)  # the user's own function (rewards/function.py)
-    return None
+            name = spec.rsplit(":", 1)[-1]
+            while name in {taken for taken, _ in out}:
+                name += "_"
+            out.append((name, FunctionReward(spec)))  # the user's own function (rewards/function.py)
+    return out
 
 
 def check_options(config) -> None:
@@ -158,7 +177,7 @@ def check_options(config) -> None:
 def fingerprint(config, name: str, prompts: int) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it."""
     keys = ("seed", "rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_steps", "termination", "n",
-            "value_function", "ratio", "policy", "reward_model", "reward", "advantage")  # fmt: skip
+            "value_function", "ratio", "policy", "reward_model", "reward", "reward_weights", "advantage")  # fmt: skip
     return {"name": name, "prompts": prompts, "samples_per_prompt": group_size(config), **{k: getattr(config, k) for k in keys}}
 
 
