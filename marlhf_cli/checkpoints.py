@@ -141,6 +141,8 @@ def read_state(folder: str | Path) -> dict[str, Any]:
 RESUME_MAY_CHANGE = frozenset(
     {"resume", "run_dir", "debug", "save_every", "eval_every", "eval_records", "eval_prompts", "parse_workers", "strict"}
 )
+# What sets a run's length: extending a finished run (train/extending.py) changes it, and says so
+LENGTH = frozenset({"max_steps", "epochs", "steps"})
 
 
 def config_state(config: Any) -> dict[str, Any]:
@@ -167,7 +169,7 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None) -> list[str]:
+def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None, *, lengthen: bool = False) -> list[str]:
     """Refuse to resume ``found`` when it was written with other options: the resumed run
     would silently differ from an uninterrupted one. One line names every changed option
     with its old and new value.
@@ -175,10 +177,12 @@ def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None)
     ``expected`` holds what the data and the schedule derive (example counts, steps);
     ``config`` (the resolved options) is compared whole, so a new option is covered the
     day it is added. Options in :data:`RESUME_MAY_CHANGE` may differ: the returned lines
-    say which new values apply.
+    say which new values apply. With ``lengthen`` (a finished run extended) so may the
+    run's length (:data:`LENGTH`), which the extension's own line reports.
     """
     state = read_state(found)
     refused, applied = [], []
+    free = LENGTH if lengthen else frozenset()
     saved_config = state.get("config")
     compared = set()
     if config is not None and saved_config is not None:
@@ -187,13 +191,13 @@ def check_fingerprint(found: Path, expected: dict[str, Any], config: Any = None)
         for key, value in current.items():
             old = saved_config.get(key, defaults.get(key))
             compared.add(key)
-            if old == value or key == "resume":
+            if old == value or key == "resume" or key in free:
                 continue
             change = f"{_flag(key)} was {old!r}, now {value!r}"
             (applied if key in RESUME_MAY_CHANGE else refused).append(change)
     saved = state.get("fingerprint", {})
     for key, value in expected.items():
-        if key not in compared and key in saved and saved[key] != value:
+        if key not in compared and key not in free and key in saved and saved[key] != value:
             refused.append(f"{key} was {saved[key]!r}, now {value!r}")
     if refused:
         raise UserError(
@@ -219,18 +223,37 @@ def nothing_to_resume(root: str | Path) -> UserError:
     )
 
 
+def run_length(state: dict[str, Any]) -> int | None:
+    """The steps of the run a checkpoint belongs to (sft and rm: ``steps``; ppo: ``max_steps``),
+    not the checkpoint's own step: the last one is saved before the end."""
+    fingerprint = state.get("fingerprint") or {}
+    steps = fingerprint.get("steps") or fingerprint.get("max_steps")
+    return int(steps) if steps else None
+
+
 def check_unfinished(folder: str | Path) -> None:
     """Refuse to resume a checkpoint that :func:`retire` emptied: its run finished."""
     state = read_state(folder)
     if state.get("finished"):
-        # the run's length, not this checkpoint's step (the last one is saved before the end)
-        fingerprint = state.get("fingerprint") or {}
-        steps = fingerprint.get("steps") or fingerprint.get("max_steps")
+        steps = run_length(state)
         length = f" all its {steps} step{'' if steps == 1 else 's'}" if steps else ""
         raise UserError(
             f"--resume: {Path(folder).parent} belongs to a run that finished{length}; "
-            "nothing to resume: run without --resume to train again"
+            "nothing to resume: run without --resume to train again, or give a larger --max-steps to extend it"
         )
+
+
+def mark_finished(root: str | Path, step: int, state: dict[str, Any]) -> None:
+    """A finished run's last word under ``root``: a checkpoint of its trainer state alone at
+    its final ``step`` (every rank calls this; rank 0 writes). With ``--save-every 0`` it is
+    the only one, and it is what ``--resume --max-steps N`` extends (train/extending.py)."""
+    root = Path(root)
+    if eng.is_main():
+        folder = root / tag_for(step)
+        folder.mkdir(parents=True, exist_ok=True)
+        artifacts.write_json(folder / STATE_FILE, {**state, "step": step, "finished": True, "provenance": provenance.provenance()})
+        artifacts.write_text(root / LATEST_FILE, folder.name + "\n")
+    eng.barrier()
 
 
 def load_checkpoint(engine, folder: str | Path) -> dict[str, Any]:

@@ -180,6 +180,20 @@ def peft_model(model):
     raise TypeError(f"{type(model).__name__} holds no peft model")
 
 
+def load_adapter_weights(model, adapter: Path) -> None:
+    """Set ``model``'s adapters (and a score head saved whole) to those saved in ``adapter``
+    (a ``save_pretrained`` folder of the same rank and targets): extending a finished run."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = Path(adapter) / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise UserError(f"{adapter}: no adapter_model.safetensors to start from")
+    result = set_peft_model_state_dict(peft_model(model), load_file(str(weights)))
+    if result.unexpected_keys:
+        raise UserError(f"{adapter} holds adapters this model lacks ({result.unexpected_keys[0]}, ...): another --lora-rank or --lora-targets?")
+
+
 @contextlib.contextmanager
 def adapter_off(model):
     """Within the block, ``model`` (an engine, a scoring wrapper or a peft model) computes as its base."""

@@ -24,10 +24,12 @@ def test_a_finished_stage_keeps_only_the_trainer_state_of_its_checkpoints(tmp_pa
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     kept = checkpoints.list_checkpoints(run_dir / "sft" / "checkpoints")
-    assert [p.name for p in kept] == ["step-000002"]  # the last one saved before the final step
-    assert sorted(p.name for p in kept[0].iterdir()) == [checkpoints.STATE_FILE]
-    assert checkpoints.read_state(kept[0])["finished"] is True
-    assert _size(run_dir / "sft" / "checkpoints") < 4096 < _size(run_dir / "sft")  # the exported model stays
+    # the last one saved before the final step, and the finished run's state at its end
+    assert [p.name for p in kept] == ["step-000002", "step-000003"]
+    for folder in kept:
+        assert sorted(p.name for p in folder.iterdir()) == [checkpoints.STATE_FILE]
+        assert checkpoints.read_state(folder)["finished"] is True
+    assert _size(run_dir / "sft" / "checkpoints") < 16384 < _size(run_dir / "sft")  # the exported model stays
 
     again = CliRunner().invoke(app, [*args, "--resume"])
     assert again.exit_code == 2

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import checkpoints, engine as eng
+from . import extending
 from ..errors import UserError
 from ..wording import count
 from .monitor import Monitor
@@ -205,6 +206,9 @@ class FitResult:
     eval: dict[str, float]
     seconds_per_step: float | None
     resumed_from: int | None
+    extended_from: int | None = None
+    checkpoint_dir: Path | None = None
+    state: dict[str, Any] = field(default_factory=dict)  # the trainer state its checkpoints hold
 
     def run_metrics(self) -> dict[str, Any]:
         """The final metrics every stage reports about the run itself (when known)."""
@@ -213,7 +217,14 @@ class FitResult:
             out["seconds_per_step"] = round(self.seconds_per_step, 4)
         if self.resumed_from is not None:
             out["resumed_from_step"] = self.resumed_from
+        if self.extended_from is not None:
+            out["extended_from_step"] = self.extended_from
         return out
+
+    def mark_finished(self) -> None:
+        """Once the stage's export is complete: the finished run's state at its last step,
+        which a longer ``--max-steps`` extends (train/extending.py)."""
+        checkpoints.mark_finished(self.checkpoint_dir, self.steps, self.state)
 
 
 def run_fingerprint(task: Task, config: Any, batch_size: int, steps: int) -> dict[str, Any]:
@@ -221,22 +232,33 @@ def run_fingerprint(task: Task, config: Any, batch_size: int, steps: int) -> dic
     return {**task.fingerprint, "batch_size": batch_size, "seed": config.seed, "steps": steps}
 
 
-def resume_point(config: Any, checkpoint_dir: Path, say: Callable[[str], None]) -> Path | None:
-    """The checkpoint to resume (``--resume``; none is a one-line error), or None for a fresh
-    run, whose stale checkpoints go."""
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a run starts: afresh (neither), at an unfinished run's ``checkpoint``, or by
+    extending a finished run from its export (``extension``, train/extending.py). ``notes``:
+    the options ``--resume`` applies or notices (checkpoints.check_fingerprint)."""
+
+    checkpoint: Path | None = None
+    extension: extending.Extension | None = None
+    notes: tuple[str, ...] = ()
+
+
+def plan_resume(config: Any, run_dir, stage: str, task: Task, steps: int) -> ResumePlan:
+    """``--resume``'s checks, before any model loads: nothing to resume, changed options or a
+    finished run not made longer are one-line errors."""
     if not getattr(config, "resume", False):
-        if eng.is_main() and checkpoints.list_checkpoints(checkpoint_dir):
-            say(f"fresh run: removing old checkpoints in {checkpoint_dir} (pass --resume to continue them)")
-        checkpoints.clear_checkpoints(checkpoint_dir)
-        return None
+        return ResumePlan()
+    checkpoint_dir = run_dir.stage_dir(stage) / "checkpoints"
     found = eng.broadcast_object(checkpoints.latest_checkpoint(checkpoint_dir))
     if found is None:
         raise checkpoints.nothing_to_resume(checkpoint_dir)
-    return found
-
-
-def resume_step(found: Path | None) -> int:
-    return int(checkpoints.read_state(found)["step"]) if found is not None else 0
+    extension = extending.find(found, steps, [run_dir.stage_dir(stage)])
+    expected = run_fingerprint(task, config, config.batch_size, steps)
+    notes = checkpoints.check_fingerprint(found, expected, config, lengthen=extension is not None)
+    if extension is not None:
+        return ResumePlan(extension=extension, notes=tuple(notes))
+    checkpoints.check_unfinished(found)
+    return ResumePlan(checkpoint=found, notes=tuple(notes))
 
 
 def fit(
@@ -248,20 +270,26 @@ def fit(
     batch_size: int,
     steps: int,
     checkpoint_dir: Path,
-    resume_from: Path | None = None,
+    plan: ResumePlan = ResumePlan(),
 ) -> FitResult:
     """Train ``engine`` on ``task`` for ``steps`` optimizer steps, with eval and checkpoints.
 
-    ``resume_from`` (see :func:`resume_point`, whose options :func:`fit_stage` has checked)
-    restores model, optimizer, scheduler and random states first and continues at the
-    checkpoint's step.
+    ``plan`` (:func:`plan_resume`, whose options are checked) may continue an unfinished run
+    (model, optimizer, scheduler and random states restored) at its checkpoint's step, or a
+    finished one (its engine built on the export's weights) at the step where it ended.
     """
     micro = batch_size // (config.gradient_accumulation_steps * eng.world_size())
     expected = run_fingerprint(task, config, batch_size, steps)
+    state = {"fingerprint": expected, "config": checkpoints.config_state(config), "stage": task.name}
     start = 0
-    if resume_from is not None:
-        start = int(checkpoints.load_checkpoint(engine, resume_from)["step"])
-        monitor.print(f"resuming from {resume_from} (step {start} of {steps})")
+    if plan.checkpoint is not None:
+        start = int(checkpoints.load_checkpoint(engine, plan.checkpoint)["step"])
+        monitor.print(f"resuming from {plan.checkpoint} (step {start} of {steps})")
+    elif plan.extension is not None:
+        start = plan.extension.finished
+        rate = extending.continue_schedule(engine, start)
+        extending.reseed(config.seed, start)
+        monitor.print(extending.line(task.name, plan.extension, config, rate=rate, lr=config.lr))
     last_train: dict[str, float] = {}
     last_eval: dict[str, float] = {}
     durations: list[float] = []
@@ -285,7 +313,6 @@ def fit(
             if last_eval:
                 monitor.log(done, last_eval, "eval")
         if config.save_every and done % config.save_every == 0 and not final:
-            state = {"fingerprint": expected, "config": checkpoints.config_state(config), "stage": task.name}
             checkpoints.save_checkpoint(engine, checkpoint_dir, done, state)
     if task.eval:
         last_eval = evaluate(engine, task, micro)
@@ -296,31 +323,35 @@ def fit(
         train=last_train,
         eval=last_eval,
         seconds_per_step=(sum(timed) / len(timed)) if timed else None,
-        resumed_from=start if resume_from is not None else None,
+        resumed_from=start if plan.checkpoint is not None else None,
+        extended_from=start if plan.extension is not None else None,
+        checkpoint_dir=checkpoint_dir,
+        state=state,
     )
 
 
-def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: dict, steps: int) -> tuple[FitResult, Monitor]:
-    """What ``sft`` and ``rm`` do around :func:`fit`: find the resume point (``--resume``),
-    mark the stage running in run.json, train with a progress monitor (closed even on a
-    crash). Returns the result and the closed monitor (its loss plot is still to draw)."""
+def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: dict, steps: int, plan: ResumePlan) -> tuple[FitResult, Monitor]:
+    """What ``sft`` and ``rm`` do around :func:`fit`: a fresh run removes the stage's old
+    checkpoints and outputs, run.json marks the stage running, and the training runs with a
+    progress monitor (closed even on a crash). Returns the result and the closed monitor (its
+    loss plot is still to draw). ``plan``: :func:`plan_resume`'s, made before the model loaded."""
     from . import common
 
     checkpoint_dir = run_dir.stage_dir(stage) / "checkpoints"
-    resume_from = resume_point(config, checkpoint_dir, common.say)
-    if resume_from is not None:  # before anything is written or drawn: a refusal is one line
-        expected = run_fingerprint(task, config, config.batch_size, steps)
-        for note in checkpoints.check_fingerprint(resume_from, expected, config):
-            common.say(note)
-        checkpoints.check_unfinished(resume_from)
-    else:  # data, model and options were all accepted by now
+    for note in plan.notes:
+        common.say(note)
+    if plan.checkpoint is None and plan.extension is None:  # data, model and options were all accepted by now
+        if eng.is_main() and checkpoints.list_checkpoints(checkpoint_dir):
+            common.say(f"fresh run: removing old checkpoints in {checkpoint_dir} (pass --resume to continue them)")
+        checkpoints.clear_checkpoints(checkpoint_dir)
         common.clear_previous_outputs(run_dir, stage)
     common.record(run_dir, stage, config, inputs, None, status="running")
-    monitor = Monitor(run_dir, stage, total_steps=steps, start_step=resume_step(resume_from), enabled=eng.is_main())
+    start = checkpoints.read_state(plan.checkpoint)["step"] if plan.checkpoint else plan.extension.finished if plan.extension else 0
+    monitor = Monitor(run_dir, stage, total_steps=steps, start_step=int(start), enabled=eng.is_main())
     try:
         result = fit(
             task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,
-            checkpoint_dir=checkpoint_dir, resume_from=resume_from,
+            checkpoint_dir=checkpoint_dir, plan=plan,
         )  # fmt: skip
     finally:
         monitor.close()

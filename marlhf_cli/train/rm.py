@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from .. import checkpoints, engine as eng, lora
 from ..wording import count
 from ..artifacts import RunDir
-from . import common, loop, scoring
+from . import common, extending, loop, scoring
 from .freeze import train_top_layers
 from ..chat import NONE, ChatFormat
 from .encode import attention_mask, encode_prompt, encode_response, pad_right
@@ -150,13 +150,18 @@ def run(config: Any) -> dict[str, Any]:
     if identical:
         common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
-    model = _load_quietly(model_name, config.debug)
+    if lora.enabled(config):
+        task.fingerprint.update(lora.base_identity(config, model=model_name))
+    plan = loop.plan_resume(config, run_dir, STAGE, task, steps)
+    extension = plan.extension  # a finished rm/ made longer: its weights are the start
+    model = _load_quietly(extension.exports[0] if extension and not lora.enabled(config) else model_name, config.debug)
     model.config.pad_token_id = tokenizer.pad_token_id
     save = None
     if lora.enabled(config):  # adapters (in the top --trainable-layers blocks) and the whole score head
         model = lora.add_adapters(model, config, task="score", base=model_name, top_layers=config.trainable_layers)
+        if extension:
+            extending.start_adapters(model, extension.exports[0])
         common.say(lora.trainable_summary(model) + _top_blocks(config.trainable_layers))
-        task.fingerprint.update(lora.base_identity(config, model=model_name))
         save = lora.merged_saver(lambda: _load_quietly(model_name, config.debug), stage="rm")
     elif config.trainable_layers is not None:
         trainable, total = train_top_layers(model, config.trainable_layers)
@@ -168,7 +173,7 @@ def run(config: Any) -> dict[str, Any]:
         config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical,
         chat_template=chat.example(train.records),
     )  # fmt: skip
-    result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
+    result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)
     stats = result.eval or result.train
     out = checkpoints.export_pretrained(
         engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, unwrap=lambda module: module.model,
@@ -179,6 +184,7 @@ def run(config: Any) -> dict[str, Any]:
         },
         save=save,
     )  # fmt: skip
+    result.mark_finished()
     monitor.plot("loss", title=f"reward model loss ({model_name})")
     metrics = final_metrics(result)
     common.record(run_dir, STAGE, config, inputs, metrics, status="finished")

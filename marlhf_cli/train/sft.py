@@ -30,7 +30,7 @@ from .. import checkpoints, engine as eng, lora
 from ..artifacts import RunDir
 from ..errors import UserError
 from ..wording import count
-from . import common, loop
+from . import common, extending, loop
 from ..chat import ChatFormat, Rendered
 from .encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
 
@@ -184,19 +184,25 @@ def run(config: Any) -> dict[str, Any]:
         common.say(note)
     task = build_task(config, tokenizer, train.records, held_out.records, chat)
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
-    model = load_causal_lm(config.model, dtype="fp32")
+    if lora.enabled(config):
+        task.fingerprint.update(lora.base_identity(config, model=str(config.model)))
+    plan = loop.plan_resume(config, run_dir, STAGE, task, steps)
+    extension = plan.extension  # a finished sft/ made longer: its weights are the start
+    model = load_causal_lm(extension.exports[0] if extension and not lora.enabled(config) else config.model, dtype="fp32")
     save = None
     if lora.enabled(config):  # adapters on the base; the export merges them (sft/ is a plain model)
         model = lora.add_adapters(model, config, task="causal", base=str(config.model))
+        if extension:
+            extending.start_adapters(model, extension.exports[0])
         common.say(lora.trainable_summary(model))
-        task.fingerprint.update(lora.base_identity(config, model=str(config.model)))
         save = lora.merged_saver(lambda: load_causal_lm(config.model, dtype="fp32"), stage="sft")
     engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
     inputs = common.inputs_entry(
         config, str(config.model), train, held_out, train_examples=len(task.train), chat_template=chat.example(train.records)
     )  # fmt: skip
-    result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps)
+    result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)
     out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, save=save)
+    result.mark_finished()
     monitor.plot("loss", title=f"SFT loss ({config.model})")
     metrics = final_metrics(result)
     common.record(run_dir, STAGE, config, inputs, metrics, status="finished")

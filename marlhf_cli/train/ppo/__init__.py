@@ -63,7 +63,7 @@ from ...wording import count
 from .. import common
 from ..monitor import Monitor
 from . import compiled_sampling, credit, stopping
-from .checkpointing import check_resumable, checkpoint_root, latest_common, resume, save
+from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs, mc_cost
 from .evaluation import evaluate, held_out_prompts
@@ -104,20 +104,21 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     root = checkpoint_root(run_dir, name)
     expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
+    extension = None  # or a finished run made longer: its exports are the start (train/extending.py)
     if config.resume:  # before any model loads: nothing to resume, or a changed option, is one line
-        check_resumable(root, expected, config, critic=not is_critic_free(config))
+        extension = check_resumable(root, expected, config, critic=not is_critic_free(config))
     held_out = held_out_prompts(config)
     common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
     rewards = [("reward", reward_fn)] if reward_fn is not None else make_rewards(config)
     for _, reward in rewards:
         if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
             reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
-    models = build_models(config, policy, reward_model, reward_fn if reward_fn is not None else rewards)
+    models = build_models(config, policy, reward_model, reward_fn if reward_fn is not None else rewards, extension)
     compiled_sampling.announce(config, generation_why, models.sampler.module, device=models.device, say=common.say,
                                rows=responses_per_step(config) // eng.world_size())  # fmt: skip
     ctx = make_context(config, models, prompts.records)
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
-    start = _resume_or_start_fresh(ctx, run_dir, name, root, expected)
+    start = _resume_or_start_fresh(ctx, run_dir, name, root, expected, extension)
     inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)
     _start_parse_pool(ctx)
 
@@ -163,9 +164,12 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
             models.reward.close()
 
     _export_models(models, run_dir.stage_dir(STAGE, name))
+    mark_finished(ctx, root, checkpoint_state)  # once exported: what a longer --max-steps extends
     metrics: dict[str, Any] = {}
     if eng.is_main():
         metrics = _report(monitor, run_dir, name, last, rows, durations, start)
+        if extension is not None:
+            metrics = {k: v for k, v in metrics.items() if k != "resumed_from_step"} | {"extended_from_step": start}
     common.record(run_dir, stage_key, config, inputs, metrics, status="finished")
     return metrics
 
@@ -242,11 +246,14 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
 # the stage's start and end
 
 
-def _resume_or_start_fresh(ctx: Context, run_dir: RunDir, name: str, root, expected: dict) -> int:
-    """The step to start at: the newest complete checkpoint's with --resume, else 0 (and an
-    earlier run's checkpoints, model and samples are removed so they cannot outlive this start)."""
+def _resume_or_start_fresh(ctx: Context, run_dir: RunDir, name: str, root, expected: dict, extension) -> int:
+    """The step to start at: the newest complete checkpoint's with --resume (a finished run's
+    last step when ``extension`` makes it longer), else 0 (and an earlier run's checkpoints,
+    model and samples are removed so they cannot outlive this start)."""
     start = 0
-    if ctx.config.resume:
+    if extension is not None:
+        start = extend(ctx, root, expected, extension, name)
+    elif ctx.config.resume:
         start = resume(ctx, root, expected)
     else:
         if eng.is_main() and latest_common(root, critic=not ctx.critic_free) is not None:

@@ -1,6 +1,7 @@
 """PPO's resume checkpoints: the actor and the critic engine, saved one after the other; a step
 counts as saved only once both are complete, and resuming takes the newest such step. A
-critic-free run (rloo, grpo) has the actor alone."""
+critic-free run (rloo, grpo) has the actor alone. A finished run, made longer with
+``--resume --max-steps N``, goes on from its exports (train/extending.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 from ... import checkpoints, engine as eng
 from ...artifacts import RunDir
-from .. import common
-from .settings import STAGE
+from .. import common, extending
+from .settings import STAGE, optimizer_steps
 
 KEEP_CHECKPOINTS = 2  # actor and critic are saved one after the other: keep a common step
 
@@ -39,15 +40,42 @@ def latest_common(root: Path, critic: bool = True) -> tuple[Path, Path | None] |
     return (actors[common_tags[-1]], critics[common_tags[-1]]) if common_tags else None
 
 
-def check_resumable(root: Path, expected: dict, config: Any, *, critic: bool) -> None:
+def check_resumable(root: Path, expected: dict, config: Any, *, critic: bool) -> extending.Extension | None:
     """``--resume`` needs a complete checkpoint under ``root``, written with these options, of
-    a run that has not finished: a one-line error otherwise, before any model is loaded (a
-    mistyped ``--run-dir`` or ``--name`` must not become a run from scratch)."""
+    a run that has not finished, or of a finished one that a larger ``--max-steps`` extends
+    (returned): a one-line error otherwise, before any model is loaded (a mistyped
+    ``--run-dir`` or ``--name`` must not become a run from scratch)."""
     found = latest_common(root, critic=critic)
     if found is None:
         raise checkpoints.nothing_to_resume(root)
-    checkpoints.check_fingerprint(found[0], expected, config)  # the notes are said when it loads
-    checkpoints.check_unfinished(found[0])
+    exports = [root.parent, root.parent / "critic"] if critic else [root.parent]  # ppo/<name>/ and its critic/
+    extension = extending.find(found[0], config.max_steps, exports)
+    checkpoints.check_fingerprint(found[0], expected, config, lengthen=extension is not None)  # notes: said at the start
+    if extension is None:
+        checkpoints.check_unfinished(found[0])
+    return extension
+
+
+def extend(ctx: Any, root: Path, expected: dict, extension: extending.Extension, name: str) -> int:
+    """Start an extension whose engines were built on the exports: the schedules move to the
+    finished run's last step, which is returned."""
+    found = latest_common(root, critic=ctx.models.critic is not None)
+    for note in checkpoints.check_fingerprint(found[0], expected, ctx.config, lengthen=True):
+        common.say(note)
+    per_step = optimizer_steps(ctx.config) // ctx.config.max_steps
+    rate = extending.continue_schedule(ctx.models.actor, extension.finished * per_step)
+    if ctx.models.critic is not None:
+        extending.continue_schedule(ctx.models.critic, extension.finished * per_step)
+    common.say(extending.line(f"ppo/{name}", extension, ctx.config, rate=rate, lr=ctx.config.actor_lr, per_step=per_step))
+    return extension.finished
+
+
+def mark_finished(ctx: Any, root: Path, state: dict) -> None:
+    """The finished run's trainer state at its last step, for the actor and the critic."""
+    state = {**state, "config": checkpoints.config_state(ctx.config)}
+    checkpoints.mark_finished(root / "actor", ctx.config.max_steps, state)
+    if ctx.models.critic is not None:
+        checkpoints.mark_finished(root / "critic", ctx.config.max_steps, state)
 
 
 def resume(ctx: Any, root: Path, expected: dict) -> int:

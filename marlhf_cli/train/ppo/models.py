@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ... import engine as eng, lora
-from .. import common
+from .. import common, extending
 from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from .generation import GenerationModel
@@ -30,13 +30,17 @@ class Models:
     critic_save: Callable | None = None
 
 
-def build_models(config, policy: str, reward_model: str, rewards: RewardFn | list | None) -> Models:
+def build_models(config, policy: str, reward_model: str, rewards: RewardFn | list | None, extension: extending.Extension | None = None) -> Models:
     """Actor and critic engines (no critic for rloo/grpo), the frozen reference, the reward,
     and the tokenizer.
 
     ``rewards``: :func:`.settings.make_rewards`' list (the reward model's entry None: built
     here), weighted by ``--reward-weights`` when there are several; None for that list; or one
     RewardFn that replaces ``--reward`` (tests, benchmarks).
+
+    ``extension`` (a finished run made longer): the actor and the critic start from its
+    exports (ppo/<name>/, critic/; with LoRA their adapters), the reference and the reward
+    model stay what they were.
 
     With ``--lora-rank`` the actor and the critic get fresh adapters (B = 0), the reference
     is the actor with its adapter off and, where the critic exists and the reward is the
@@ -48,9 +52,12 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
     tokenizer = load_tokenizer(policy, padding_side="left")
     dtype = config.dtype
     adapted = lora.enabled(config)
-    actor_model = load_causal_lm(policy, dtype=dtype)
+    starts = list(extension.exports) if extension else []  # ppo/<name>/ and (with a critic) its critic/
+    actor_start, critic_start = (starts + [None, None])[:2]
+    whole_start = extension is not None and not adapted  # no adapters: the exported weights themselves
+    actor_model = load_causal_lm(actor_start if whole_start else policy, dtype=dtype)
     reference = None if adapted else load_causal_lm(policy, dtype=dtype)
-    critic_model = None if is_critic_free(config) else load_reward_model(reward_model, dtype=dtype)
+    critic_model = None if is_critic_free(config) else load_reward_model(critic_start if whole_start else reward_model, dtype=dtype)
     for model in (actor_model, reference, critic_model):
         if model is not None:
             disable_dropout(model)
@@ -60,10 +67,14 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
     saves: dict[str, Callable | None] = {"actor_save": None, "critic_save": None}
     if adapted:
         actor_model = lora.add_adapters(actor_model, config, task="causal", base=policy)
+        if extension:
+            extending.start_adapters(actor_model, actor_start)
         common.say("actor: " + lora.trainable_summary(actor_model))
         saves["actor_save"] = lora.merged_saver(lambda: load_causal_lm(policy, dtype=dtype), stage=f"ppo/{run_name(config)} actor")
         if critic_model is not None:
             critic_model = lora.add_adapters(critic_model, config, task="score", base=reward_model)
+            if extension:
+                extending.start_adapters(critic_model, critic_start)
             common.say("critic: " + lora.trainable_summary(critic_model))
             saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{run_name(config)} critic")
     total = optimizer_steps(config)
