@@ -36,7 +36,7 @@ import _harness as H  # noqa: E402
 import yaml  # noqa: E402
 from credit2 import analysis as A  # noqa: E402
 from credit2 import estimate, plots, report  # noqa: E402
-from credit2.protocol import PROTOCOL_FILE, load  # noqa: E402
+from credit2.protocol import PROTOCOL_FILES, load  # noqa: E402
 from credit2.runs import run_jobs, saved  # noqa: E402
 from credit2.study import plan_task  # noqa: E402
 
@@ -55,7 +55,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="runs side by side, one process each")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--out", type=Path, default=H.BENCH_DIR / "credit_study", help="folder of the mode folders (saved runs, figures)")
-    parser.add_argument("--protocol", type=Path, default=PROTOCOL_FILE, help="the protocol file (default: the committed one)")
+    parser.add_argument("--edition", type=int, choices=sorted(PROTOCOL_FILES), default=2, help="which edition's committed "
+                        "protocol: 2 (issue 28, steps) or 3 (issue 35: token budgets, the segment value sigma)")  # fmt: skip
+    parser.add_argument("--protocol", type=Path, default=None, help="a protocol file (default: the edition's committed one)")
     parser.add_argument("--report-only", action="store_true", help="report from the saved runs; train nothing")
     parser.add_argument("--estimate", action="store_true", help="time one tuning run per arm and task (runs the study "
                         "keeps) and project the whole study's hours; nothing else")  # fmt: skip
@@ -64,6 +66,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse(argv)
+    args.protocol = args.protocol or PROTOCOL_FILES[args.edition]
     try:
         protocol = load("quick" if args.quick else "full", args.protocol)
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as error:
@@ -80,6 +83,8 @@ def main(argv=None) -> None:
     started = time.perf_counter()
 
     if args.estimate:
+        if protocol.edition >= 3:
+            fail("--estimate times the second edition's steps; the third edition's cost is in its PROTOCOL.md")
         records = run_jobs(estimate.timing_jobs(protocol), root, args.workers, args.threads, "timing")
         for line in estimate.project(protocol, records, args.workers):
             print(line)
@@ -114,7 +119,7 @@ def main(argv=None) -> None:
         for name, draw in (("kaplan_meier.png", plots.kaplan_meier_figure), ("restricted_means.png", plots.restricted_mean_figure)):
             draw(protocol, finished, root / name)
             print(f"# figure: {root / name}")
-    print(f"\n# machines: {report.machines(plans)}")
+    print(f"\n# machines: {report.machines(protocol, plans)}")
     print(f"# wall time {time.perf_counter() - started:.0f} s; load average at the end {H.load_average()}")
     found = report.deviations(protocol, plans)
     print(f"\n## deviations from protocol {protocol.digest()}: {len(found) or 'none'}")
@@ -124,6 +129,11 @@ def main(argv=None) -> None:
     print("\n## the README's statement (the protocol's decision rule)" + (" - PARTIAL" if partial else ""))
     for line in A.sentences(protocol, comparisons, partial):
         print(line)
+    rule = A.default_value_function(protocol, comparisons, partial)
+    if rule:
+        print("\n## the segment value's default (the protocol's rule)")
+        for line in rule:
+            print(line)
 
 
 if __name__ == "__main__":

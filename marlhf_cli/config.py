@@ -74,7 +74,7 @@ class EngineConfig:
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False
     offload_params: bool = False
-    lr_scheduler: str = "cosine"  # cosine | linear
+    lr_scheduler: str = "cosine"  # cosine | linear | constant
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

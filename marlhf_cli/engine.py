@@ -282,7 +282,8 @@ def build_optimizer(module, *, lr: float, weight_decay: float):
 
 
 class WarmupDecay:
-    """LR multiplier: linear warmup, then cosine or linear decay to 0 at ``total_steps``.
+    """LR multiplier: linear warmup, then cosine or linear decay to 0 at ``total_steps``, or
+    constant (1 after warmup).
 
     A class rather than a lambda so that the scheduler's state (a checkpoint) can be saved.
     """
@@ -295,6 +296,8 @@ class WarmupDecay:
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
             return (step + 1) / (self.warmup_steps + 1)
+        if self.kind == "constant":
+            return 1.0
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         if self.kind == "linear":

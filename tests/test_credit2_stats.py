@@ -256,11 +256,13 @@ def test_protocol_reads_both_modes_and_its_digest_follows_its_content(tmp_path):
         load("nonsense")
 
 
-def test_every_arm_resolves_to_a_stage_configuration(tmp_path):
+@pytest.mark.parametrize("edition", [2, 3])
+def test_every_arm_resolves_to_a_stage_configuration(tmp_path, edition):
     """The protocol's flags are the stage's own options (a typo would fail only hours in)."""
     import _harness as H
+    from credit2.protocol import PROTOCOL_FILES
 
-    protocol = _protocol()
+    protocol = load("full", PROTOCOL_FILES[edition])
     for name, arm in protocol.arms.items():
         stage = {k: v for k, v in protocol.stage.items() if k != "model"}
         config = H.ppo_config(tmp_path, policy="tiny", reward_model="tiny", dataset="unused.jsonl", **arm.flags, **stage)

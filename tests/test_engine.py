@@ -95,6 +95,11 @@ def test_warmup_then_decay_to_zero(kind):
         assert values[6] == pytest.approx(0.5)
 
 
+def test_constant_schedule_is_flat_after_warmup_whatever_the_length():
+    short, long = (eng.WarmupDecay(total_steps=n, warmup_steps=2, kind="constant") for n in (5, 50))
+    assert [short(s) for s in range(5)] == [long(s) for s in range(5)] == [1 / 3, 2 / 3, 1.0, 1.0, 1.0]
+
+
 def test_optimizer_is_torch_adamw_without_decay_on_norms_and_biases():
     import torch
 

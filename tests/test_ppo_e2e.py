@@ -67,6 +67,7 @@ def test_two_steps_of_every_rule_and_value_function(tmp_path, overrides, name):
             assert key in row and row[key] is not None and math.isfinite(row[key]), key
         assert 1 <= row["segment_length"] <= row["response_length"]
         assert row["kl_k3"] >= 0  # the table's KL: the k3 estimate, never negative (k1 may be)
+        assert row["explained_variance"] <= 1  # the critic's fit to its targets (NaN never: they vary)
     if name == "vanilla":
         assert all(r["segment_length"] == 1 for r in train)
     if name == "fixed-inf":

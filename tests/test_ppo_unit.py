@@ -483,3 +483,28 @@ def test_the_final_tables_kl_is_the_k3_estimate_which_is_never_negative():
     lp = torch.randn(4, 9)
     ref = lp + torch.randn(4, 9)
     assert (kl_per_token(lp, ref, "k3") >= 0).all() and (kl_per_token(lp, ref, "k1") < 0).any()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_explained_variance_from_summed_parts_matches_its_definition(seed):
+    """The critic's explained variance, summed in parts over processes, is 1 - Var(y - v) / Var(y)
+    over the real tokens of every process (numpy on the concatenation)."""
+    import numpy as np
+
+    from marlhf_cli.train.ppo.metrics import _fit_sums, explained_variance
+
+    generator = torch.Generator().manual_seed(seed)
+    parts, ys, vs = [], [], []
+    for _ in range(3):  # three processes' batches
+        returns, values = torch.randn(4, 7, generator=generator, dtype=torch.float64), torch.randn(4, 7, generator=generator, dtype=torch.float64)
+        mask = (torch.rand(4, 7, generator=generator) < 0.7).double()
+        parts.append(_fit_sums(returns, values, mask) | {"response_tokens": float(mask.sum())})
+        real = mask.bool()
+        ys.append(returns[real].numpy())
+        vs.append(values[real].numpy())
+    total = {key: sum(p[key] for p in parts) for key in parts[0]}
+    y, v = np.concatenate(ys), np.concatenate(vs)
+    assert explained_variance(total) == pytest.approx(1 - np.var(y - v) / np.var(y), rel=1e-9)
+    exact = _fit_sums(torch.tensor([[1.0, 2.0, 4.0]]), torch.tensor([[1.0, 2.0, 4.0]]), torch.ones(1, 3)) | {"response_tokens": 3.0}
+    assert explained_variance(exact) == pytest.approx(1.0)
+    assert _fit_sums(None, torch.zeros(1, 3), torch.ones(1, 3)) == {}  # critic-free: no targets

@@ -54,7 +54,10 @@ class ComparisonResult:
 
 def horizons(protocol: Protocol, records: list[dict], steps: int) -> dict[str, float]:
     """Per axis, the horizon of the restricted means: the budget on steps and responses; on
-    tokens the smallest total of any run of the task, so every run is followed that far."""
+    tokens the smallest total of any run of the task, so every run is followed that far. In
+    the third edition (runs of equal tokens, unequal steps) the smallest total on every axis."""
+    if protocol.edition >= 3:
+        return {axis: min(float(S.cumulative_cost(r, axis)[-1]) for r in records) for axis in AXES}
     tokens = min(float(sum(r["generated_tokens"])) for r in records)
     return {"steps": float(steps), "responses": float(steps * protocol.responses_per_step), "tokens": tokens}
 
@@ -84,20 +87,26 @@ def task_results(protocol: Protocol, plan: TaskPlan) -> tuple[dict[str, ArmResul
 
 
 def tuning_reach_costs(protocol: Protocol, plan: TaskPlan) -> np.ndarray:
-    """Steps to threshold of the tuning runs (at chosen rates) that reached it: the cost
-    distribution the power simulation draws from."""
+    """Costs to threshold of the tuning runs (at chosen rates) that reached it: the cost
+    distribution the power simulation draws from; in steps (second edition) or generated
+    tokens (third, whose budgets are in tokens)."""
     rung = plan.rung
-    steps = [S.reached_step(r["score"], protocol.threshold, protocol.window) for r in rung.records
-             if r["lr"] == rung.rates[r["arm"]].winner]  # fmt: skip
-    return np.asarray([s for s in steps if s is not None], dtype=float)
+    costs = []
+    for r in rung.records:
+        if r["lr"] != rung.rates[r["arm"]].winner:
+            continue
+        step = S.reached_step(r["score"], protocol.threshold, protocol.window)
+        if step is not None:
+            costs.append(step if protocol.edition < 3 else S.cumulative_cost(r, "tokens")[step - 1])
+    return np.asarray(costs, dtype=float)
 
 
 def compare(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], horizon: dict[str, float]) -> list[ComparisonResult]:
     results = []
-    tests = len(protocol.tasks)  # Holm's first step tests at alpha / tasks
+    tests = protocol.tests()  # Holm's first step tests at alpha / tests
     observed = tuning_reach_costs(protocol, plan)
     for c in protocol.comparisons:
-        a, b = (arms.get(plan.rung.families[f].winner) for f in (c.a, c.b))
+        a, b = (arms.get(plan.side_arm(protocol, side)) for side in (c.a, c.b))
         if a is None or b is None:
             continue
         ranks = {axis: S.logrank(a.outcomes[axis], b.outcomes[axis]) for axis in AXES}
@@ -124,13 +133,14 @@ def compare(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], hori
 
 
 def decide(protocol: Protocol, comparisons: list[ComparisonResult]) -> None:
-    """Holm over the tasks of each comparison on the decision axis; each result's verdict."""
+    """Holm over the tasks of each comparison (or, ``holm-all``, over every decided test) on
+    the decision axis; each result's verdict."""
     by_name: dict[str, list[ComparisonResult]] = {}
     for c in comparisons:
-        by_name.setdefault(c.name, []).append(c)
+        by_name.setdefault("all" if protocol.correction == "holm-all" else c.name, []).append(c)
     for group in by_name.values():
-        # a task without a result yet enters as p = 1: Holm's m stays the protocol's number of tasks
-        missing = [1.0] * (len(protocol.tasks) - len(group))
+        # a test without a result yet enters as p = 1: Holm's m stays the protocol's number of tests
+        missing = [1.0] * (protocol.tests() - len(group))
         adjusted = S.holm([c.logrank[protocol.axis][1] for c in group] + missing)
         for c, p in zip(group, adjusted):
             c.adjusted = p
@@ -152,7 +162,7 @@ def sentences(protocol: Protocol, comparisons: list[ComparisonResult], partial: 
         group = [r for r in comparisons if r.name == c.name]
         if not group:
             continue
-        a, b = protocol.families[c.a], protocol.families[c.b]
+        a, b = protocol.side_name(c.a), protocol.side_name(c.b)
         arms_a, arms_b = (", ".join(sorted({getattr(r, side).arm for r in group})) for side in ("a", "b"))
         parts = []
         for verdict, words in (("A sooner", f"fewer {axis_words} to the threshold"), ("B sooner", f"more {axis_words} to the threshold"),
@@ -170,3 +180,20 @@ def sentences(protocol: Protocol, comparisons: list[ComparisonResult], partial: 
     if partial:
         out.append("(Partial: not every task of the protocol has all its runs; the sentences cover the tasks that do.)")
     return out
+
+
+def default_value_function(protocol: Protocol, comparisons: list[ComparisonResult], partial: bool) -> list[str]:
+    """The third edition's rule for ``--value-function``'s default, in words: `first` when it
+    needed fewer tokens than `equal` (verdict "A sooner") on at least the rule's number of tasks
+    in every one of the rule's comparisons; otherwise the paper's `equal` stays."""
+    rule = protocol.default_rule
+    if not rule:
+        return []
+    sooner = {name: sorted(r.task for r in comparisons if r.name == name and r.verdict == "A sooner") for name in rule["comparisons"]}
+    wins = all(len(tasks) >= int(rule["tasks"]) for tasks in sooner.values())
+    counts = "; ".join(f"{name}: sooner on {len(tasks)} task(s){' (' + ', '.join(tasks) + ')' if tasks else ''}" for name, tasks in sooner.items())
+    verdict = ("the default of --value-function becomes `first`" if wins else
+               "the default of --value-function stays the paper's `equal`: `first` was not detected to need fewer tokens "
+               f"on {rule['tasks']} tasks for every rule")  # fmt: skip
+    return [f"{verdict} ({counts}; the rule asks for {rule['tasks']} of {len(protocol.tasks)} tasks in each)"
+            + (" - PARTIAL: not every test has its runs" if partial else "")]

@@ -1,8 +1,15 @@
-"""The study's protocol as data: ``benchmarks/credit_study/protocol.yaml`` read into one object.
+"""The study's protocol as data: an edition's ``protocol.yaml`` read into one object.
 
 The code takes every design choice from here (tasks, arms, grids, seeds, threshold, the
 decision rule), so the text of PROTOCOL.md and the runs cannot drift apart without the
 report noticing: every saved run records :func:`Protocol.digest` of the mode it ran under.
+
+Two editions share this code. The second (``credit_study/protocol.yaml``) budgets runs in
+steps and picks by mean score. The third (``credit_study/third/protocol.yaml``) budgets them
+in generated tokens (an arm runs as many steps as its tokens per step allow), fixes the
+critic's rate by its explained variance, picks rates and arms by how many tuning runs reach
+the threshold, and applies Holm over every decided test; its comparisons may name an arm as
+well as a family (the family's best arm).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-PROTOCOL_FILE = Path(__file__).resolve().parents[1] / "credit_study" / "protocol.yaml"
+PROTOCOL_FILE = Path(__file__).resolve().parents[1] / "credit_study" / "protocol.yaml"  # the second edition
+PROTOCOL_FILES = {2: PROTOCOL_FILE, 3: PROTOCOL_FILE.parent / "third" / "protocol.yaml"}
 AXES = ("steps", "responses", "tokens")
 AXIS_LABELS = {"steps": "PPO steps", "responses": "responses generated", "tokens": "tokens generated"}
 
@@ -34,11 +42,24 @@ class Tuning:
     extend_factor: float
     max_extensions: int
     tie_tolerance: float
+    pick: str = "score"  # score: mean training score (2nd edition) | reach: tuning runs that reach the threshold
+
+
+@dataclass(frozen=True)
+class CriticRate:
+    """The third edition's critic learning rate: chosen per task, before the tuning, as the
+    rate of ``lrs`` whose critic fits its targets best (mean explained variance over the second
+    half of the runs of ``arms`` at actor rate ``actor_lr``, on the tuning seeds, ``budget`` tokens)."""
+
+    arms: tuple[str, ...]
+    actor_lr: float
+    lrs: tuple[float, ...]
+    budget: int
 
 
 @dataclass(frozen=True)
 class Comparison:
-    a: str  # family
+    a: str  # a family (its best arm) or an arm
     b: str
 
     @property
@@ -71,10 +92,35 @@ class Protocol:
     decided_seeds: int
     other_seeds: int
     raw: dict = field(repr=False, default_factory=dict)
+    edition: int = 2
+    budgets: tuple[int, ...] = ()  # 3rd edition: the token budgets' ladder (steps_ladder is empty)
+    critic: CriticRate | None = None
+    default_rule: dict = field(default_factory=dict)  # 3rd edition: when `first` becomes the default
+    names: dict = field(default_factory=dict)  # 3rd edition: arm -> its name in prose, where a comparison names it
 
     @property
     def tasks(self) -> tuple[str, ...]:
         return tuple(self.tokens)
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        """The calibration's rungs: steps (2nd edition) or generated tokens (3rd)."""
+        return self.budgets or self.steps_ladder
+
+    @property
+    def unit(self) -> str:
+        return "tokens" if self.budgets else "steps"
+
+    def tests(self) -> int:
+        """The decided tests Holm's first step divides alpha by."""
+        return len(self.tasks) * (len(self.comparisons) if self.correction == "holm-all" else 1)
+
+    def side_arms(self, side: str) -> tuple[str, ...]:
+        """The arms a comparison's side chooses from: a family's, or the one arm it names."""
+        return (side,) if side in self.arms else self.family_arms(side)
+
+    def side_name(self, side: str) -> str:
+        return self.families.get(side) or self.names.get(side, side)
 
     def family_arms(self, family: str) -> tuple[str, ...]:
         return tuple(name for name, arm in self.arms.items() if arm.family == family)
@@ -87,6 +133,8 @@ class Protocol:
         return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def summary(self) -> str:
+        if self.edition >= 3:
+            return self._summary3()
         return (f"protocol {self.digest()} (mode {self.mode}): tasks "
                 + ", ".join(f"{t} {n} tokens" for t, n in self.tokens.items())
                 + f"; steps ladder {list(self.steps_ladder)}; threshold {self.threshold:g}; {len(self.arms)} arms; "
@@ -94,6 +142,17 @@ class Protocol:
                 f"beyond an edge, at most {self.tuning.max_extensions} per side); reported seeds {self.decided_seeds} "
                 f"(family bests) / {self.other_seeds} (the rest); decided on {self.axis}, log-rank, "
                 f"{self.correction} over tasks, alpha {self.alpha:g}")  # fmt: skip
+
+    def _summary3(self) -> str:
+        t, c = self.tuning, self.critic
+        critic = f"critic rate from {list(c.lrs)} by explained variance ({', '.join(c.arms)} at actor rate {c.actor_lr:g})" if c else "actor = critic rate"
+        return (f"protocol {self.digest()} (edition {self.edition}, mode {self.mode}): tasks "
+                + ", ".join(f"{task} {n} tokens" for task, n in self.tokens.items())
+                + f"; token budgets {list(self.budgets)}; threshold {self.threshold:g}; {len(self.arms)} arms; {critic}; "
+                f"tuning seeds {list(t.seeds)}, actor rates {list(t.lrs)} picked by {t.pick} (x{t.extend_factor:g} beyond an "
+                f"edge, at most {t.max_extensions} per side); reported seeds {self.decided_seeds} (compared arms) / "
+                f"{self.other_seeds} (the rest); decided on {self.axis}, log-rank, {self.correction} over {self.tests()} "
+                f"tests, alpha {self.alpha:g}")  # fmt: skip
 
 
 def load(mode: str = "full", path: Path = PROTOCOL_FILE) -> Protocol:
@@ -110,9 +169,12 @@ def load(mode: str = "full", path: Path = PROTOCOL_FILE) -> Protocol:
         arms[name] = Arm(name, spec["family"], dict(spec["flags"]))
     comparisons = tuple(Comparison(c["a"], c["b"]) for c in document["comparisons"])
     for c in comparisons:
-        if c.a not in families or c.b not in families:
-            raise ValueError(f"comparison {c.name}: unknown family")
+        if not {c.a, c.b} <= set(families) | set(arms):
+            raise ValueError(f"comparison {c.name}: unknown family or arm")
     tuning = settings["tuning"]
+    critic = settings.get("critic")
+    if critic is not None:
+        critic = CriticRate(tuple(critic["arms"]), float(critic["actor_lr"]), tuple(float(x) for x in critic["lrs"]), int(critic["budget"]))
     raw = {key: value for key, value in document.items() if key != "modes"} | {"mode": mode, "settings": settings}
     return Protocol(
         mode=mode, folder=settings["folder"], responses_per_step=int(document["responses_per_step"]),
@@ -123,12 +185,15 @@ def load(mode: str = "full", path: Path = PROTOCOL_FILE) -> Protocol:
         power_simulations=int(settings.get("power_simulations", statistics["power_simulations"])),
         power_scenarios=dict(statistics["power_scenarios"]), threshold=float(settings["threshold"]),
         tokens={task: int(spec["tokens"]) for task, spec in settings["tasks"].items()},
-        steps_ladder=tuple(int(s) for s in settings["steps_ladder"]),
+        steps_ladder=tuple(int(s) for s in settings.get("steps_ladder", ())),
+        budgets=tuple(int(s) for s in settings.get("budgets", ())),
         calibration_reach=float(settings["calibration_reach"]),
         tuning=Tuning(tuple(int(s) for s in tuning["seeds"]), tuple(float(x) for x in tuning["lrs"]),
-                      float(tuning["extend_factor"]), int(tuning["max_extensions"]), float(tuning["tie_tolerance"])),
+                      float(tuning["extend_factor"]), int(tuning["max_extensions"]), float(tuning["tie_tolerance"]),
+                      tuning.get("pick", "score")),
         decided_seeds=int(settings["reported"]["decided_seeds"]), other_seeds=int(settings["reported"]["other_seeds"]),
-        raw=raw,
+        raw=raw, edition=int(document.get("edition", 2)), critic=critic,
+        default_rule=dict(document["decision"].get("default_rule", {})), names=dict(document.get("names", {})),
     )  # fmt: skip
 
 

@@ -27,18 +27,75 @@ from credit_study import _prompts, _reward  # noqa: E402  (the first edition's, 
 from .protocol import Protocol  # noqa: E402
 
 
-def make_job(protocol: Protocol, task: str, arm: str, lr: float, seed: int, steps: int) -> dict:
-    return {"task": task, "arm": arm, "lr": round(float(lr), 10), "seed": int(seed), "steps": int(steps),
-            "tokens": protocol.tokens[task], "flags": protocol.arms[arm].flags, "stage": protocol.stage,
-            "responses_per_step": protocol.responses_per_step, "protocol": protocol.digest()}  # fmt: skip
+def make_job(protocol: Protocol, task: str, arm: str, lr: float, seed: int, steps: int, critic_lr: float | None = None) -> dict:
+    """One run. Second edition: ``steps`` steps at actor = critic rate ``lr``. Third: ``steps``
+    is a budget of generated tokens (the arm runs the steps it affords) and ``critic_lr`` the
+    critic's rate (None for an arm without a critic)."""
+    job = {"task": task, "arm": arm, "lr": round(float(lr), 10), "seed": int(seed), "steps": int(steps),
+           "tokens": protocol.tokens[task], "flags": protocol.arms[arm].flags, "stage": protocol.stage,
+           "responses_per_step": protocol.responses_per_step, "protocol": protocol.digest()}  # fmt: skip
+    if protocol.edition >= 3:
+        job["budget"] = int(steps)
+        job["steps"] = int(steps) // tokens_per_step(protocol, task, arm)
+        job["critic_lr"] = None if critic_lr is None or not has_critic(protocol.arms[arm].flags) else round(float(critic_lr), 10)
+    return job
+
+
+JOB_KEYS = ("task", "arm", "lr", "seed", "steps", "tokens", "flags", "stage", "responses_per_step", "protocol", "budget", "critic_lr")
+
+
+def job_of(record: dict) -> dict:
+    """The job a saved record ran (to run it again)."""
+    return {key: record[key] for key in JOB_KEYS if key in record}
+
+
+def rerun(record: dict, threads: int = 1) -> dict:
+    """The record's job run again in a fresh process with ``threads`` torch threads, as a
+    study worker runs it: same inputs, same machine, the same numbers bit for bit."""
+    import multiprocessing
+
+    from credit_study import _init_worker
+
+    log = tempfile.NamedTemporaryFile(prefix="marlhf-credit-rerun-", suffix=".log", delete=False).name
+    with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, log)) as pool:
+        return pool.apply(run_job, (job_of(record),))
+
+
+def has_critic(flags: dict) -> bool:
+    return flags.get("advantage", "gae") == "gae"
+
+
+def tokens_per_step(protocol: Protocol, task: str, arm: str) -> int:
+    """Tokens one step generates when every response runs to its length (the study's do: a
+    random-init policy's EOS is one token in 49k): the responses, plus for ``mc`` M
+    continuations from every kept boundary of every response, each to the response's length
+    limit. The study's ``mc`` arms cut fixed segments, so their boundaries are known before
+    the run; a run's record keeps the tokens it really generated."""
+    from marlhf_cli.macro.montecarlo import kept_boundaries
+
+    flags, length, responses = protocol.arms[arm].flags, protocol.tokens[task], protocol.responses_per_step
+    tokens = responses * length
+    if flags.get("advantage") == "mc":
+        if flags.get("termination") != "fixed":
+            raise ValueError(f"arm {arm}: the tokens of an mc step are known in advance for fixed segments only")
+        n = int(flags["n"])
+        kept = kept_boundaries(-(-length // n), flags.get("mc_max_boundaries"))
+        tokens += responses * int(flags["mc_rollouts"]) * sum(length - k * n for k in kept)
+    return tokens
 
 
 def job_path(root: Path, job: dict) -> Path:
+    if "budget" in job:
+        critic = "" if job["critic_lr"] is None else f"-c{job['critic_lr']:g}"
+        return root / job["task"] / f"{job['arm']}-lr{job['lr']:g}{critic}-s{job['seed']}-{job['budget']}budget-{job['tokens']}tok.json"
     return root / job["task"] / f"{job['arm']}-lr{job['lr']:g}-s{job['seed']}-{job['steps']}steps-{job['tokens']}tok.json"
 
 
 def run_job(job: dict) -> dict:
     """Train one job with the stage (in a worker process); its per-step record."""
+    import torch
+
+    from marlhf_cli import provenance
     from marlhf_cli.train import ppo
 
     flags, stage = dict(job["flags"]), dict(job["stage"])
@@ -49,7 +106,7 @@ def run_job(job: dict) -> dict:
         config = H.ppo_config(
             work, name="run", policy=model, reward_model=model, dataset=_prompts(), **flags, **stage,
             rollout_batch_size=job["responses_per_step"] // group, mini_batch_size=job["responses_per_step"],
-            max_new_tokens=job["tokens"], actor_lr=job["lr"], critic_lr=job["lr"], max_steps=job["steps"],
+            max_new_tokens=job["tokens"], actor_lr=job["lr"], critic_lr=job.get("critic_lr") or job["lr"], max_steps=job["steps"],
             eval_every=0, eval_prompts=0, save_every=0, seed=job["seed"],
         )  # fmt: skip
         started = time.perf_counter()
@@ -58,19 +115,22 @@ def run_job(job: dict) -> dict:
         rows = H.train_rows(work, "run")
     finally:
         shutil.rmtree(work, ignore_errors=True)  # a tiny run's checkpoints are ~13 MB each
-    import torch
-
     return {
         **job,
         "score": [row["score"] for row in rows],
         "responses": [row["responses"] for row in rows],
         "generated_tokens": [row["generated_tokens"] for row in rows],
+        "explained_variance": [row.get("explained_variance") for row in rows],  # None without a critic
         # rloo and grpo log none (one advantage per response): a response is their one segment
         "segment_length": statistics.mean(row.get("segment_length", row["response_length"]) for row in rows),
         "step_time": statistics.median(row["step_time"] for row in rows),
         "seconds": seconds,
         "cpu": H.cpu_model(),
         "torch": torch.__version__,
+        # what the figures depend on besides the job: marlhf's commit, the libraries, the CPU's
+        # model and flags, the GPUs, and the threads (a run re-executed on another CPU departs)
+        "provenance": {key: value for key, value in provenance.provenance().items() if key != "command"},
+        "threads": torch.get_num_threads(),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -15,6 +15,12 @@ Pure functions over run records, so that the rules the protocol states are the r
 
 Near ties are reported, not broken differently: the runner-up lies within one standard error
 (over tuning seeds) of the winner.
+
+The third edition picks by reach instead of score (mean score rewarded standing still in the
+second): an arm's rate is the one at which most tuning runs reach the threshold, ties to the
+lower rate; a family's best arm the one whose chosen rate reaches most often, ties to the
+lower rate, then the earlier arm. Its runs are budgeted in generated tokens and run at a
+constant learning rate, so a run of a smaller budget is the longer run cut (:func:`cut`).
 """
 
 from __future__ import annotations
@@ -96,6 +102,48 @@ def family_best(arms_in_order: tuple[str, ...], rate_choice: dict[str, Choice], 
     """The family's arm with the highest tuning score at its chosen rate."""
     per_seed = {arm: per_rate[arm][rate_choice[arm].winner] for arm in arms_in_order}
     return pick(list(arms_in_order), per_seed, tolerance)
+
+
+def cut(record: dict, budget: float) -> dict:
+    """The run of a smaller token budget: the steps whose cumulative generated tokens fit in
+    ``budget``. Exact at a constant learning rate (a run's steps do not depend on its length:
+    prompts and draws are seeded per step), the third edition's setting."""
+    total, steps = 0.0, 0
+    for tokens in record["generated_tokens"]:
+        if total + tokens > budget:
+            break
+        total, steps = total + tokens, steps + 1
+    per_step = ("score", "responses", "generated_tokens", "explained_variance")
+    return record | {key: record[key][:steps] for key in per_step if key in record} | {"budget": int(budget)}
+
+
+def reached(record: dict, threshold: float, window: int) -> float:
+    """1.0 when the run's trailing mean reached the threshold, else 0.0 (a per-seed 'score' for :func:`pick`)."""
+    return float(reached_step(record["score"], threshold, window) is not None)
+
+
+def reach_by_rate(records: list[dict], threshold: float, window: int) -> dict[str, dict[float, list[float]]]:
+    """arm -> rate -> per-seed reach (1.0 or 0.0)."""
+    table: dict = {}
+    for r in records:
+        table.setdefault(r["arm"], {}).setdefault(r["lr"], []).append(reached(r, threshold, window))
+    return table
+
+
+def edge_leads(grid: list[float], chosen: float, per_rate: dict[float, list[float]], tolerance: float) -> bool:
+    """Whether ``chosen`` is on an edge of ``grid`` and beats its neighbour there by more than
+    ``tolerance`` (third edition: only then does the grid extend past it)."""
+    grid = sorted(grid)
+    if len(grid) < 2 or chosen not in (grid[0], grid[-1]):
+        return False
+    neighbour = grid[1] if chosen == grid[0] else grid[-2]
+    return statistics.fmean(per_rate[chosen]) > statistics.fmean(per_rate[neighbour]) + tolerance
+
+
+def best_by_reach(arms_in_order: tuple[str, ...], rate_choice: dict[str, Choice], per_rate: dict, tolerance: float) -> Choice:
+    """The arm whose chosen rate reaches most often; ties to the lower rate, then the earlier arm."""
+    order = sorted(arms_in_order, key=lambda arm: (rate_choice[arm].winner, arms_in_order.index(arm)))
+    return pick(order, {arm: per_rate[arm][rate_choice[arm].winner] for arm in arms_in_order}, tolerance)
 
 
 def reach_count(records: list[dict], arm: str, lr: float, threshold: float, window: int) -> tuple[int, int]:

@@ -92,7 +92,7 @@ OffloadParamsOption = Annotated[
     Optional[bool],
     typer.Option("--offload-params/--no-offload-params", help="Keep parameters in CPU memory (ZeRO-3). [default: off]", show_default=False),
 ]
-SchedulerOption = Annotated[Optional[str], _opt("--lr-scheduler", "Decay after warmup: cosine or linear (to 0 at the last step). [default: cosine]")]
+SchedulerOption = Annotated[Optional[str], _opt("--lr-scheduler", "After warmup: cosine or linear decay to 0 at the last step, or constant (a run's first K steps are then the same whatever its length). [default: cosine]")]
 WarmupOption = Annotated[Optional[float], _opt("--warmup-ratio", "Share of the steps spent warming the learning rate up linearly. [default: 0]")]
 WeightDecayOption = Annotated[Optional[float], _opt("--weight-decay", "AdamW weight decay (not applied to biases and norms). [default: 0]")]
 MaxGradNormOption = Annotated[Optional[float], _opt("--max-grad-norm", "Clip the global gradient norm to this value; 0 = no clipping. [default: 1.0]")]

@@ -28,6 +28,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "value": float((experience.values * mask).sum()),
         "advantage": float((experience.advantages * mask).sum()),
         "return": float((experience.returns * mask).sum()) if experience.returns is not None else 0.0,
+        **_fit_sums(experience.returns, experience.values, mask),
         "segments": float(stats.segments),
         "segment_tokens": float(stats.tokens),
         "fallbacks": float(stats.fallbacks),
@@ -64,6 +65,8 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "continuation_tokens": total["continuation_tokens"],
         "generated_tokens": total["response_tokens"] + total["continuation_tokens"],
     }
+    if experience.returns is not None:
+        out["explained_variance"] = explained_variance(total)
     for key, value in total.items():
         if key.startswith("part:"):  # one of several --reward's raw score, unweighted
             out["score_" + key.split(":", 1)[1]] = value / samples
@@ -73,6 +76,28 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
             out[key.split(":", 1)[1]] = value / processes
     return out
 
+
+
+def _fit_sums(returns, values, mask) -> dict[str, float]:
+    """Sums over real tokens from which every process's explained variance is one figure:
+    the critic's targets (``returns``) and the residuals of its values from them."""
+    if returns is None:
+        return {}
+    residual = (returns - values) * mask
+    target = returns * mask
+    return {"fit:target": float(target.sum()), "fit:target2": float((target**2).sum()),
+            "fit:residual": float(residual.sum()), "fit:residual2": float((residual**2).sum())}  # fmt: skip
+
+
+def explained_variance(total: dict[str, float]) -> float:
+    """1 - Var(target - value) / Var(target) over the step's real tokens: how much of its
+    targets' variance the critic's values account for (1 a perfect fit, 0 no better than
+    their mean, below 0 worse). The targets are the returns the value loss regresses on,
+    the segment's Q_k on each of its tokens under macro actions. NaN when the targets do not vary."""
+    n = max(total["response_tokens"], 1.0)
+    variance = total["fit:target2"] / n - (total["fit:target"] / n) ** 2
+    residual = total["fit:residual2"] / n - (total["fit:residual"] / n) ** 2
+    return 1.0 - residual / variance if variance > 1e-12 else float("nan")
 
 
 def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -86,7 +111,8 @@ def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
-    keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "parse_fallbacks", "generation_captures")
+    keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "explained_variance", "parse_fallbacks",
+            "generation_captures")
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
     metrics |= {k: v for k, v in last.items() if k.startswith("score_")}  # several --reward: each one's
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))
