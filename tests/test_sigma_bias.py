@@ -121,3 +121,26 @@ def test_first_is_unbiased_on_random_tasks(p, n, data, extra, lam, overshoot):
     m = data.draw(st.integers(1, n), label="m")
     credits = first_segment_credits(p, n, m, n + extra, lam, "first", overshoot=overshoot)
     assert credits == pytest.approx([1 / m if j < m else 0.0 for j in range(n)], abs=1e-6)
+
+
+def test_the_benchmark_prints_the_table_the_closed_form_predicts():
+    """benchmarks/sigma_bias.py end to end: `first` credits 0.25 at every position, `equal`
+    (j + 1)/5 of it, and its own check against the closed form is at rounding level."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sigma_bias.py"
+    done = subprocess.run([sys.executable, str(script), "--responses", "4000", "--overshoot", "0.5"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {tuple(cells[:3]): [float(c.split()[0]) for c in cells[3:7]]
+            for line in done.stdout.splitlines() if line.startswith("| ") and not line.startswith("| sigma")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}  # fmt: skip
+    assert rows[("first", "exact", "1")] == pytest.approx([0.25] * 4, abs=1e-9)
+    assert rows[("first", "over+0.5", "0.95")] == pytest.approx([0.25] * 4, abs=1e-9)
+    assert rows[("equal", "exact", "0.95")] == pytest.approx([0.05, 0.10, 0.15, 0.20], abs=1e-9)
+    assert rows[("equal", "over+0.5", "1")][0] == pytest.approx(-0.05, abs=1e-9)
+    gap = float(re.search(r"over the table: (\S+)", done.stdout).group(1))
+    assert gap < 1e-9
