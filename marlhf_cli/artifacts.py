@@ -253,6 +253,28 @@ class RunDir:
             )
         return target
 
+    def policy(self, value: str | None) -> tuple[str, str]:
+        """(model folder or id, a name for its results) of a --policy or --model that may name
+        a stage of this run: sft (the default), ppo (the one PPO run), ppo/<name>, a folder of
+        the run; anything else is a folder or hub id as it is."""
+        import re
+
+        value = value or "sft"
+        if value == "sft":
+            return str(self.require("sft")), "sft"
+        if value == "ppo":
+            names = sorted(p.name for p in self.path("ppo").glob("*") if (p / "config.json").is_file())
+            if len(names) != 1:
+                found = ", ".join(f"ppo/{n}" for n in names) or "none"
+                raise UserError(f"--policy ppo is ambiguous: name one of the PPO runs in {self.root} (found: {found})")
+            value = f"ppo/{names[0]}"
+        if value.startswith("ppo/") and not Path(value).exists():
+            name = value.split("/", 1)[1]
+            return str(self.require("ppo", name)), f"ppo-{name}"
+        if (self.path(value) / "config.json").is_file():
+            return str(self.path(value)), safe_name(value)
+        return value, safe_name(Path(value).name or value)
+
     def clear_outputs(self, stage: str, name: str | None = None) -> list[Path]:
         """Remove what an earlier run of ``stage`` (``ppo``: of run ``name``) left behind: its
         model folder (all but ``checkpoints/``, which resume handles), samples, plots and
@@ -337,3 +359,10 @@ def mark_interrupted() -> list[str]:
             continue
         stages.append(stage)
     return stages
+
+
+def safe_name(name: str) -> str:
+    """``name`` as a file name: runs of anything but letters, digits, '.', '_' and '-' become '-'."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"

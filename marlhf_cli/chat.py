@@ -330,9 +330,7 @@ def _preview_inputs(config: Any, stage: str) -> tuple[str, list[dict], str]:
     elif stage == "ppo":
         name = str(config.policy) if config.policy else str(run_dir.require("sft"))
     else:  # bon, passk: a run-directory stage or a model
-        from .evaluate.bon import resolve_policy
-
-        name = resolve_policy(config.policy if stage == "bon" else config.model, run_dir)[0]
+        name = run_dir.policy(config.policy if stage == "bon" else config.model)[0]
     dataset, data_file = config.dataset, config.data_file
     if data_file is None and dataset.lower() in DATASETS:
         data_file = DATASETS[dataset.lower()].sample_path

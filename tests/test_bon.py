@@ -72,18 +72,18 @@ def test_lists_and_checks():
 def test_policy_names_resolve_in_the_run_directory(tmp_path):
     run = RunDir(tmp_path)
     with pytest.raises(UserError, match="marlhf sft"):
-        bon.resolve_policy(None, run)
+        run.policy(None)
     for folder in ("sft", "ppo/fixed5", "ppo/vanilla"):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "config.json").write_text("{}")
-    assert bon.resolve_policy(None, run) == (str(tmp_path / "sft"), "sft")
-    assert bon.resolve_policy("ppo/fixed5", run) == (str(tmp_path / "ppo" / "fixed5"), "ppo-fixed5")
+    assert run.policy(None) == (str(tmp_path / "sft"), "sft")
+    assert run.policy("ppo/fixed5") == (str(tmp_path / "ppo" / "fixed5"), "ppo-fixed5")
     with pytest.raises(UserError, match="ambiguous.*ppo/fixed5, ppo/vanilla"):
-        bon.resolve_policy("ppo", run)
+        run.policy("ppo")
     with pytest.raises(UserError, match="marlhf ppo --name missing"):
-        bon.resolve_policy("ppo/missing", run)
-    assert bon.resolve_policy("tiny", run) == ("tiny", "tiny")
-    assert bon.resolve_policy("org/some-model", run) == ("org/some-model", "some-model")
+        run.policy("ppo/missing")
+    assert run.policy("tiny") == ("tiny", "tiny")
+    assert run.policy("org/some-model") == ("org/some-model", "some-model")
 
 
 # ---------------------------------------------------------------------------------------

@@ -42,3 +42,14 @@ def test_architecture_names_nothing_that_is_gone():
     existing = {p.name for p in _modules()}
     stale = sorted(set(re.findall(r"\b([a-z_]+\.py)\b", _drawn_tree())) - existing)
     assert not stale, f"docs/architecture.md draws modules that do not exist: {stale}"
+
+
+def test_only_the_cli_reaches_into_the_evaluations():
+    """marlhf_cli/evaluate/ (bon, judge) sits on top: the stages, the data and chat layers
+    below it never import it (chat.py once did, for resolve_policy, now RunDir.policy)."""
+    pattern = re.compile(r"^\s*(from\s+(\.+|marlhf_cli\.)evaluate\b|import\s+marlhf_cli\.evaluate\b)", re.M)
+    reaching = sorted(
+        str(p.relative_to(PACKAGE)) for p in _modules()
+        if "evaluate" not in p.relative_to(PACKAGE).parts and p.name != "cli.py" and pattern.search(p.read_text(encoding="utf-8"))
+    )  # fmt: skip
+    assert not reaching, f"these import marlhf_cli.evaluate from below it: {reaching}"

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from .. import artifacts
 from .. import config as config_module
-from ..artifacts import RunDir
+from ..artifacts import RunDir, safe_name
 from ..accepts import parse_list
 from ..data.records import one_per_prompt
 from ..errors import UserError
@@ -57,29 +56,6 @@ STAGE = "bon"
 def check(config) -> tuple[list[int], list[float]]:
     """The N and the temperatures (every value was checked with the options: accepts.ACCEPTS)."""
     return parse_list(config.n, int, "--n"), parse_list(config.temperature, float, "--temperature")
-
-
-def resolve_policy(value: str | None, run: RunDir) -> tuple[str, str]:
-    """(model path or id, result name) for --policy: sft, ppo, ppo/<name>, a folder, an id."""
-    value = value or "sft"
-    if value == "sft":
-        return str(run.require("sft")), "sft"
-    if value == "ppo":
-        names = sorted(p.name for p in run.path("ppo").glob("*") if (p / "config.json").is_file())
-        if len(names) != 1:
-            found = ", ".join(f"ppo/{n}" for n in names) or "none"
-            raise UserError(f"--policy ppo is ambiguous: name one of the PPO runs in {run.root} (found: {found})")
-        value = f"ppo/{names[0]}"
-    if value.startswith("ppo/") and not Path(value).exists():
-        name = value.split("/", 1)[1]
-        return str(run.require("ppo", name)), f"ppo-{name}"
-    if (run.path(value) / "config.json").is_file():
-        return str(run.path(value)), _safe(value)
-    return value, _safe(Path(value).name or value)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "policy"
 
 
 def load_prompts(config, console) -> tuple[list[dict], str, int]:
@@ -255,8 +231,8 @@ def run(config) -> dict[str, Any]:
     samples = max(ns)
     run_dir = RunDir(config.run_dir)
     err = Console(stderr=True)
-    policy, default = resolve_policy(config.policy, run_dir)
-    name = _safe(config.name) if config.name else default
+    policy, default = run_dir.policy(config.policy)
+    name = safe_name(config.name) if config.name else default
     function = is_function_spec(config.reward)
     reward_model = None if function else config.reward_model or str(run_dir.require("rm"))
     scorer = f"reward function {config.reward}" if function else f"reward model {reward_model}"

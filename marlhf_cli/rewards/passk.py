@@ -144,7 +144,6 @@ def run(config) -> dict[str, Any]:
 
     from .. import precision
     from ..chat import ChatFormat
-    from ..evaluate.bon import resolve_policy
     from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
     from ..train.forward import disable_dropout
@@ -153,7 +152,7 @@ def run(config) -> dict[str, Any]:
     console = Console(stderr=True)
     ks = check(config)
     run_dir = RunDir(config.run_dir)
-    policy, default_name = resolve_policy(config.model, run_dir)
+    policy, default_name = run_dir.policy(config.model)
     name = config.name or default_name
     records, loaded = load_problems(config)
     if loaded.notice:
