@@ -123,7 +123,7 @@ def parses(parse: Callable[[Any], Any] | str) -> Callable[[Any], bool]:
 @dataclass(frozen=True)
 class RewardChoice(Accepts):
     """A named reward, or ``py:FILE.py:FUNCTION``: then the file is imported (the user's own
-    code, docs: README "Rewards as Python functions") and the callable looked up, so a typo
+    code, docs/rewards.md) and the callable looked up, so a typo
     fails in one line before anything loads. With ``several``, a comma-separated list of them
     (ppo's TRL-like reward_funcs)."""
 

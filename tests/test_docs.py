@@ -1,5 +1,6 @@
-"""The documentation tells the truth: README's console examples print what they show, and
-every citation of the method names a section of docs/method.md."""
+"""The documentation tells the truth: the console examples of the README and the docs pages
+print what they show, every citation of the method names a section of docs/method.md, the
+CLI reference is what the commands generate, and the site builds with every link whole."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 METHOD = ROOT / "docs" / "method.md"
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+CLI_REFERENCE = ROOT / "docs" / "reference" / "cli.md"
 
 
 def console_examples(text: str) -> list[list[tuple[str, str]]]:
@@ -25,13 +28,14 @@ def console_examples(text: str) -> list[list[tuple[str, str]]]:
             if line.startswith("$ "):
                 steps.append((line[2:], []))
             else:
-                assert steps, f"output before any command in a README console block: {line!r}"
+                assert steps, f"output before any command in a console block: {line!r}"
                 steps[-1][1].append(line)
         blocks.append([(command, "\n".join(lines)) for command, lines in steps])
     return blocks
 
 
-EXAMPLES = console_examples(README.read_text(encoding="utf-8"))
+# (the generated CLI reference's console blocks are usage lines, not examples)
+EXAMPLES = [block for path in (README, *PAGES) if path != CLI_REFERENCE for block in console_examples(path.read_text(encoding="utf-8"))]
 
 
 def test_readme_has_console_examples():
@@ -57,7 +61,7 @@ def _headings() -> set[str]:
 
 
 def _sources() -> list[Path]:
-    files = [README, ROOT / "docs" / "architecture.md"]
+    files = [README, *(p for p in PAGES if p != METHOD)]
     for folder in ("marlhf_cli", "tests", "benchmarks"):
         files += sorted(p for p in (ROOT / folder).rglob("*.py") if p.name != "test_docs.py")
     return files
@@ -116,3 +120,39 @@ def test_the_first_command_installs_torchs_cpu_build_on_any_linux_machine():
     assert install.index("torch==2.13.0+cpu") < install.index('pip install -e ".[all]"')  # torch first
     text = " ".join(README.read_text(encoding="utf-8").split())
     assert "On a GPU machine install the CUDA build instead, `pip install torch==2.13.0`" in text
+
+
+def test_getting_started_installs_and_tests_as_the_readme_does():
+    """The docs site's first page repeats the README's two commands: they cannot drift apart."""
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert re.findall(r"```bash\n(.*?)\n```", page, re.S)[:2] == _readme_commands()
+
+
+def test_the_cli_reference_is_what_the_commands_generate(tmp_path):
+    """docs/reference/cli.md is Typer's own rendering of the app (regenerate it with the
+    command below after changing a command or a flag's help)."""
+    out = tmp_path / "cli.md"
+    done = subprocess.run([sys.executable, "-m", "typer", "marlhf_cli.cli", "utils", "docs", "--name", "marlhf",
+                           "--title", "CLI reference", "--output", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.read_text(encoding="utf-8") == CLI_REFERENCE.read_text(encoding="utf-8"), (
+        "docs/reference/cli.md is stale: python -m typer marlhf_cli.cli utils docs --name marlhf "
+        "--title 'CLI reference' --output docs/reference/cli.md"
+    )
+
+
+def test_the_site_builds_strictly_with_every_page_in_its_nav(tmp_path):
+    """mkdocs build --strict (as CI runs it): a broken link, a missing anchor or a page left
+    out of the nav fails; nothing is fetched from the network."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+
+
+def test_the_readme_fits_on_two_screens_and_links_every_page():
+    """At most 150 lines; the rest lives on the docs site, and the README names each page."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    linked = set(re.findall(r"\]\(docs/([^)#]+)\)", text))
+    assert {p.relative_to(ROOT / "docs").as_posix() for p in PAGES} - {"index.md"} <= linked

@@ -1,4 +1,4 @@
-"""``--reward py:FILE.py:FUNCTION`` (README "Rewards as Python functions"): loading and
+"""``--reward py:FILE.py:FUNCTION`` (docs/rewards.md): loading and
 option-time validation, TRL's calling convention, what a function may return, and how its
 errors are reported (its own traceback, the response it failed on, exit code 2)."""
 
