@@ -6,7 +6,7 @@ AMX (``amx_bf16``) or AVX-512 BF16 (``avx512_bf16``: Intel Cooper Lake and Sapph
 on, AMD Zen 4 on). Elsewhere a bf16 matmul is emulated through fp32 and a bf16 step is
 slower than an fp32 one. Measured with ``benchmarks/roofline.py`` on a 2-core AMD EPYC with
 avx512_bf16 (no AMX): one-thread matmul 111 GFLOP/s in fp32 against 484 in bf16, and a
-SmolLM2-135M PPO step of 22.8 s in fp32 against 10.8 s in bf16 (benchmarks/RESULTS.md).
+SmolLM2-135M PPO step of 22.8 s in fp32 against 10.8 s in bf16 (docs/results/step-cost.md).
 
 bf16 here is mixed precision as DeepSpeed's bf16 mode means it: the model computes in bf16,
 the optimizer keeps fp32 master weights and fp32 AdamW states and adds gradients over

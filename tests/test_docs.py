@@ -151,8 +151,10 @@ def test_the_site_builds_strictly_with_every_page_in_its_nav(tmp_path):
 
 
 def test_the_readme_fits_on_two_screens_and_links_every_page():
-    """At most 150 lines; the rest lives on the docs site, and the README names each page."""
+    """At most 150 lines; the rest lives on the docs site, and the README names each page
+    (of the results, their index; the report pages are its sections)."""
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     linked = set(re.findall(r"\]\(docs/([^)#]+)\)", text))
-    assert {p.relative_to(ROOT / "docs").as_posix() for p in PAGES} - {"index.md"} <= linked
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in PAGES}
+    assert {p for p in pages if not p.startswith("results/")} - {"index.md"} | {"results/index.md"} <= linked

@@ -60,4 +60,4 @@ def test_precision_finds_fp32_sampling_equal_to_the_forward(tmp_path):
                 continue
     assert {"fp32", "bf16 weights", "bf16 weights, fp32 LM head", "autocast", "autocast, fp32 LM head"} <= set(rows), out
     assert rows["fp32"][0] < 1e-3 and rows["fp32"][1] < 1e-3, out  # the cached pass is the forward, up to float rounding
-    # (the tiny model's near-uniform logits hide bf16's gap; SmolLM2-135M shows it: RESULTS.md)
+    # (the tiny model's near-uniform logits hide bf16's gap; SmolLM2-135M shows it: docs/results/step-cost.md)
