@@ -49,16 +49,18 @@ def job_of(record: dict) -> dict:
     return {key: record[key] for key in JOB_KEYS if key in record}
 
 
-def rerun(record: dict, threads: int = 1) -> dict:
+def rerun(record: dict, threads: int = 1, steps: int | None = None) -> dict:
     """The record's job run again in a fresh process with ``threads`` torch threads, as a
-    study worker runs it: same inputs, same machine, the same numbers bit for bit."""
+    study worker runs it: same inputs, same machine, the same numbers bit for bit. ``steps``:
+    only the first steps (at a constant learning rate, the third edition's, they are the
+    record's first steps)."""
     import multiprocessing
 
     from credit_study import _init_worker
 
     log = tempfile.NamedTemporaryFile(prefix="marlhf-credit-rerun-", suffix=".log", delete=False).name
     with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, log)) as pool:
-        return pool.apply(run_job, (job_of(record),))
+        return pool.apply(run_job, (job_of(record) | ({"steps": steps} if steps else {}),))
 
 
 def has_critic(flags: dict) -> bool:
