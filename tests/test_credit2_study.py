@@ -41,7 +41,7 @@ def _run(*args) -> str:
 @pytest.mark.slow
 def test_the_study_runs_saves_reports_and_resumes(tmp_path):
     protocol = _tiny_protocol(tmp_path)
-    out = _run("--protocol", str(protocol), "--out", str(tmp_path), "--workers", "1")
+    out = _run("--protocol", str(protocol), "--out", str(tmp_path), "--workers", "2")
     runs = sorted((tmp_path / "tiny" / "units").glob("*.json"))
     # tuning: 4 arms x 2 rates x 1 seed; reported: every arm is its family's best here, 2 seeds each
     assert len(runs) == 4 * 2 + 4 * 2
