@@ -101,7 +101,7 @@ def _readme_commands() -> list[str]:
 def test_the_readme_opens_with_what_ci_runs():
     """The two commands at the top are CI's (.ci/run): the install steps in the same order, then the tests."""
     install, tests = _readme_commands()
-    assert tests == ".venv/bin/python -m pytest -q"
+    assert tests == ".venv/bin/python -m pytest -q -n auto --maxprocesses 4"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     steps = [line.split(".venv/bin/", 1)[1].replace(" -q", "") for line in ci.splitlines() if ".venv/bin/pip install" in line and "--upgrade pip" not in line]
     position = 0
