@@ -58,9 +58,12 @@ def rerun(record: dict, threads: int = 1, steps: int | None = None) -> dict:
 
     from credit_study import _init_worker
 
-    log = tempfile.NamedTemporaryFile(prefix="marlhf-credit-rerun-", suffix=".log", delete=False).name
-    with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, log)) as pool:
-        return pool.apply(run_job, (job_of(record) | ({"steps": steps} if steps else {}),))
+    log = Path(tempfile.mkdtemp(prefix="marlhf-credit-rerun-")) / "stage.log"  # the stage's console output
+    try:
+        with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, str(log))) as pool:
+            return pool.apply(run_job, (job_of(record) | ({"steps": steps} if steps else {}),))
+    finally:
+        shutil.rmtree(log.parent, ignore_errors=True)
 
 
 def has_critic(flags: dict) -> bool:
