@@ -28,8 +28,9 @@ def print_calibration(protocol: Protocol, plan: TaskPlan) -> None:
     if protocol.edition >= 3:
         print_critic(protocol, plan)
         for rung in plan.rungs:
-            reach = ", ".join(f"{f} {c.winner} (lr {rung.rates[c.winner].winner:g}) {_reach(protocol, rung, c.winner)[0]}/"
-                              f"{_reach(protocol, rung, c.winner)[1]}" for f, c in rung.families.items())  # fmt: skip
+            counts = {f: _reach(protocol, rung, c.winner) for f, c in rung.families.items()}
+            reach = ", ".join(f"{f} {c.winner} (lr {rung.rates[c.winner].winner:g}) {counts[f][0]}/{counts[f][1]}"
+                              for f, c in rung.families.items())  # fmt: skip
             print(f"# {plan.task}: calibration at {rung.steps} tokens: family bests reached the threshold on {reach} "
                   f"tuning runs (each needs {need}): {'passes' if rung.passed else 'fails'}")  # fmt: skip
         return
