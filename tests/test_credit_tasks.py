@@ -1,17 +1,12 @@
-"""The credit-assignment study's tasks and statistics (benchmarks/_credit_tasks.py and
-benchmarks/credit_study.py) against hand-computed cases."""
+"""The credit-assignment study's tasks and the first edition's statistics (studies/credit/tasks.py
+and first.py) against hand-computed cases."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from _credit_tasks import CLASSES, task_scores, token_classes  # noqa: E402
+from studies.credit.tasks import CLASSES, task_scores, token_classes
 
 EOS = 2
 
@@ -95,7 +90,7 @@ def test_unknown_task_is_an_error():
 
 
 def test_steps_to_threshold_uses_the_trailing_mean():
-    from credit_study import steps_to, trailing_mean
+    from studies.credit.first import steps_to, trailing_mean
 
     curve = [0.1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
     assert trailing_mean(curve)[4] == pytest.approx(0.74)
@@ -104,7 +99,7 @@ def test_steps_to_threshold_uses_the_trailing_mean():
 
 
 def test_learning_rate_and_best_configuration_are_chosen_on_tuning_scores():
-    from credit_study import Summary, best_of, choose
+    from studies.credit.first import Summary, best_of, choose
 
     tuned = {("t", "a", 0.1): 0.2, ("t", "a", 0.2): 0.5, ("t", "b", 0.1): 0.4, ("t", "b", 0.2): 0.3}
     lr_of, score_of = choose(tuned, ["t"], ["a", "b"], (0.1, 0.2))
@@ -119,7 +114,7 @@ def test_learning_rate_and_best_configuration_are_chosen_on_tuning_scores():
 
 
 def test_settled_line_reports_runs_that_still_move():
-    from credit_study import Summary, settled_line
+    from studies.credit.first import Summary, settled_line
 
     def summary(curves):
         return Summary("ppo", 0.1, 0.5, len(curves), 0, [20.0], (20.0, 20.0), [0.5], (0.5, 0.5), 1.0, 1.0, curves)

@@ -12,7 +12,7 @@
 #          -> OUTDIR/speed.log, decode-<shape>[-lora16].json, mc_cost-<shape>.json,
 #             vs_trl-<shape>.json, speed.json, speed.png
 #   study  the credit-assignment pilot at SmolLM2-135M's shape with 256-token responses
-#          (gpu/credit_scale.py) -> OUTDIR/study.log, credit_scale.json, credit_scale.png, runs.log
+#          (studies/credit/gpu_scale.py) -> OUTDIR/study.log, credit_scale.json, credit_scale.png, runs.log
 #
 # On any CUDA machine with the project installed (README.md; TRL 1.12.0 beside it for vs_trl),
 # from the repository root. On the lent machine, after install.sh: this script sources its env.
@@ -119,9 +119,9 @@ speed_stage() {
 
 study_stage() {
     if [ "$DEVICE" = cuda ]; then
-        part "credit_scale" 500 "$PYTHON" "$HERE/credit_scale.py" --out "$OUT" --device cuda --dtype bf16 --budget 420
+        part "credit_scale" 500 "$PYTHON" -m studies.credit.gpu_scale --out "$OUT" --device cuda --dtype bf16 --budget 420
     else
-        part "credit_scale" 300 "$PYTHON" "$HERE/credit_scale.py" --out "$OUT" --device cpu --dtype bf16 \
+        part "credit_scale" 300 "$PYTHON" -m studies.credit.gpu_scale --out "$OUT" --device cpu --dtype bf16 \
             --model tiny --tokens 8 --steps 2 --seeds 1 --budget 120
     fi
 }

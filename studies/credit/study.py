@@ -41,7 +41,7 @@ class TaskPlan:
     complete: bool  # calibration and tuning finished (False: runs missing)
     reported: list[dict] = field(default_factory=list)
     reported_complete: bool = False
-    critic: "CriticChoice | None" = None  # third edition: the critic's rate
+    critic: CriticChoice | None = None  # third edition: the critic's rate
     compared: set[str] = field(default_factory=set)  # third edition: the arms the comparisons use
 
     @property

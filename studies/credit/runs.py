@@ -1,30 +1,67 @@
-"""One training run of the study, and the resumable pool that runs many.
+"""One training run of the study, and the resumable pool that runs many (every edition).
 
 A run is (task, arm, learning rate, seed, steps, response tokens): the PPO stage's own
 ``ppo.run`` on the tiny random-init policy with the task's reward, everything else equal
-(the protocol's ``stage`` settings, 8 responses per step). Every finished run is a small JSON
-file (its per-step score, responses and generated tokens, the CPU it ran on and the protocol
-hash it ran under), skipped when the study runs again.
+(the edition's ``stage`` settings, 8 responses per step). Every finished run is a small JSON
+file (its per-step score, responses and generated tokens, the CPU it ran on and, from the
+second edition on, the protocol hash it ran under), skipped when the study runs again. The
+first edition names a run's arm ``config`` and keys its files by steps alone; its jobs are
+otherwise the same (:func:`first_edition_job`).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
+import multiprocessing
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(BENCHMARKS))
-import _harness as H  # noqa: E402
-import credit_study as first_edition  # noqa: E402
-from credit_study import _prompts, _reward  # noqa: E402  (the first edition's, unchanged)
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import _harness as H
 
-from .protocol import Protocol  # noqa: E402
+from .protocol import Protocol
+
+
+def _init_worker(threads: int, log: str) -> None:
+    """One torch thread per run; the stage's own console output goes to the log, not the
+    study's terminal (the study shows one progress bar)."""
+    import os
+
+    import torch
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    torch.set_num_threads(threads)
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+
+
+@functools.cache
+def task_reward(task: str, model: str = "tiny"):
+    from .tasks import TaskReward
+
+    return TaskReward(task, model)
+
+
+@functools.lru_cache(maxsize=1)
+def prompts_file() -> str:
+    return str(H.write_prompts(Path(tempfile.mkdtemp(prefix="marlhf-credit-prompts-")) / "prompts.jsonl"))
+
+
+def first_edition_job(task: str, config: str, flags: dict, stage: dict, lr: float, seed: int, steps: int, tokens: int,
+                      responses_per_step: int) -> dict:  # fmt: skip
+    """A first-edition run (``first.py``): actor = critic rate ``lr``, ``steps`` steps, the
+    stage's cosine schedule; ``stage`` may carry a model and dtype (``gpu_scale.py``)."""
+    return {"task": task, "config": config, "lr": lr, "seed": seed, "steps": steps, "tokens": tokens, "flags": dict(flags),
+            "stage": dict(stage), "responses_per_step": responses_per_step}  # fmt: skip
 
 
 def make_job(protocol: Protocol, task: str, arm: str, lr: float, seed: int, steps: int, critic_lr: float | None = None) -> dict:
@@ -41,7 +78,7 @@ def make_job(protocol: Protocol, task: str, arm: str, lr: float, seed: int, step
     return job
 
 
-JOB_KEYS = ("task", "arm", "lr", "seed", "steps", "tokens", "flags", "stage", "responses_per_step", "protocol", "budget", "critic_lr")
+JOB_KEYS = ("task", "config", "arm", "lr", "seed", "steps", "tokens", "flags", "stage", "responses_per_step", "protocol", "budget", "critic_lr")
 
 
 def job_of(record: dict) -> dict:
@@ -54,10 +91,6 @@ def rerun(record: dict, threads: int = 1, steps: int | None = None) -> dict:
     study worker runs it: same inputs, same machine, the same numbers bit for bit. ``steps``:
     only the first steps (at a constant learning rate, the third edition's, they are the
     record's first steps)."""
-    import multiprocessing
-
-    from credit_study import _init_worker
-
     log = Path(tempfile.mkdtemp(prefix="marlhf-credit-rerun-")) / "stage.log"  # the stage's console output
     try:
         with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, str(log))) as pool:
@@ -90,6 +123,8 @@ def tokens_per_step(protocol: Protocol, task: str, arm: str) -> int:
 
 
 def job_path(root: Path, job: dict) -> Path:
+    if "config" in job:  # the first edition
+        return root / job["task"] / f"{job['config']}-lr{job['lr']:g}-s{job['seed']}-{job['steps']}steps.json"
     if "budget" in job:
         critic = "" if job["critic_lr"] is None else f"-c{job['critic_lr']:g}"
         return root / job["task"] / f"{job['arm']}-lr{job['lr']:g}{critic}-s{job['seed']}-{job['budget']}budget-{job['tokens']}tok.json"
@@ -104,18 +139,18 @@ def run_job(job: dict) -> dict:
     from marlhf_cli.train import ppo
 
     flags, stage = dict(job["flags"]), dict(job["stage"])
-    model = stage.pop("model")
+    model = stage.pop("model", "tiny")
     group = flags.get("samples_per_prompt", 1)
-    work = Path(tempfile.mkdtemp(prefix="marlhf-credit2-run-"))
+    work = Path(tempfile.mkdtemp(prefix="marlhf-credit-run-"))
     try:
         config = H.ppo_config(
-            work, name="run", policy=model, reward_model=model, dataset=_prompts(), **flags, **stage,
+            work, name="run", policy=model, reward_model=model, dataset=prompts_file(), **flags, **stage,
             rollout_batch_size=job["responses_per_step"] // group, mini_batch_size=job["responses_per_step"],
             max_new_tokens=job["tokens"], actor_lr=job["lr"], critic_lr=job.get("critic_lr") or job["lr"], max_steps=job["steps"],
             eval_every=0, eval_prompts=0, save_every=0, seed=job["seed"],
         )  # fmt: skip
         started = time.perf_counter()
-        ppo.run(config, reward_fn=_reward(job["task"], model))
+        ppo.run(config, reward_fn=task_reward(job["task"], model))
         seconds = time.perf_counter() - started
         rows = H.train_rows(work, "run")
     finally:
@@ -145,10 +180,31 @@ def saved(root: Path, jobs: list[dict]) -> list[dict]:
     return [json.loads(job_path(root, job).read_text()) for job in jobs if job_path(root, job).is_file()]
 
 
-def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: str) -> list[dict]:
-    """Run the jobs not already saved under ``root`` (``workers`` at a time); every job's record,
-    in the jobs' order, as :func:`saved` returns them, so a report is the same whether its runs
-    were just trained or only read (the power simulation draws from the records in order). The
-    ``mc`` runs (about three times as long per step) start first, so no worker waits long at the end."""
-    return first_edition.run_jobs(jobs, root, workers, threads, run=run_job, path_of=job_path, label=label,
-                                  start_first=lambda job: job["flags"].get("advantage") == "mc")  # fmt: skip
+def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: str = "runs") -> list[dict]:
+    """Run the jobs not already saved under ``root`` (``workers`` processes at a time); every
+    job's record, in the jobs' order, as :func:`saved` returns them, so a report is the same
+    whether its runs were just trained or only read (the power simulation draws from the
+    records in order). The ``mc`` runs (about three times as long per step) start first, so
+    no worker waits long at the end."""
+    todo = [job for job in jobs if not job_path(root, job).is_file()]
+    todo.sort(key=lambda job: job["flags"].get("advantage") != "mc")  # stable: the rest keep their order
+    if todo:
+        from rich.progress import Progress
+
+        from marlhf_cli.artifacts import write_json
+
+        print(f"# {label}: {len(todo)} of {len(jobs)} runs to do ({len(jobs) - len(todo)} saved)", flush=True)
+        spawn = multiprocessing.get_context("spawn")
+        root.mkdir(parents=True, exist_ok=True)
+        log = str(root / "runs.log")  # not committed: .gitignore
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(threads, log)) as pool:
+            futures = {pool.submit(run_job, job): job for job in todo}
+            with Progress(transient=False) as progress:
+                bar = progress.add_task(label, total=len(todo))
+                for future in as_completed(futures):
+                    result = future.result()
+                    path = job_path(root, result)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_json(path, result)
+                    progress.advance(bar)
+    return [json.loads(job_path(root, job).read_text()) for job in jobs]

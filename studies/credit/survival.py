@@ -7,19 +7,20 @@ end). Cost is counted on three axes: PPO steps, responses generated, and tokens 
 it can: the Kaplan-Meier estimate (``stats.ecdf`` of ``CensoredData``), the log-rank test
 (``stats.logrank``), exact binomial intervals (``stats.binomtest``) and the bootstrap. The
 restricted mean (the area under the Kaplan-Meier curve up to a horizon) and Holm's
-correction are written here and tested against their definitions (tests/test_credit2_stats.py).
+correction are written here and tested against their definitions (tests/test_credit_stats.py).
 """
 
 from __future__ import annotations
 
-import sys
+import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from credit_study import trailing_mean  # noqa: E402  (the first edition's definition)
+
+def trailing_mean(values: list[float], window: int = 5) -> list[float]:
+    """Each step's mean over it and the ``window`` - 1 steps before it (fewer at the start)."""
+    return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 def reached_step(score: list[float], threshold: float, window: int) -> int | None:

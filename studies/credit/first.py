@@ -1,9 +1,10 @@
 """The credit-assignment study: does MA-PPO beat well-tuned token PPO, and the critic-free baselines?
 
-    python benchmarks/credit_study.py [--quick] [--workers 2] [--tasks target,pairs,prefix]
-                                      [--configs ...] [--report-only]
+    python -m studies.credit --edition 1 [--quick] [--workers 2] [--tasks target,pairs,prefix]
+                                         [--configs ...] [--report-only]
 
-Tasks (``_credit_tasks.py``): the tiny random-init policy, a reward in [0, 1] given once at
+Its design is ``first/protocol.yaml`` (the constants the runs were made with; this edition
+was not pre-registered). Tasks (``tasks.py``): the tiny random-init policy, a reward in [0, 1] given once at
 the last token, about 0.1 for a random policy and 1.0 at best: ``target`` (every token
 counts, 64 tokens), ``pairs`` (2-token units score, 32 tokens), ``prefix`` (only the first 4
 of 32 tokens count). The parsing rule is left out: a random-init policy writes no text that
@@ -33,54 +34,29 @@ scipy), and a Figure-2-style plot with 95% t-interval bands. The last lines give
 steps(best token PPO) / steps(best MA-PPO) with its bootstrap interval: above 1, MA-PPO
 needs fewer steps.
 
-Resumable: every finished run is a small JSON file under ``benchmarks/credit_study/<mode>/``
-(committed with the figures), skipped on a rerun. ``--quick`` runs the same code with fewer
+Resumable: every finished run is a small JSON file under ``first/`` (``first-quick/`` for
+``--quick``; committed with the figure), skipped on a rerun. ``--quick`` runs the same code with fewer
 seeds, steps and tokens (its own folder); ``--report-only`` redraws tables and plot from the
 saved runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import math
-import multiprocessing
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-from _credit_tasks import TASKS  # noqa: E402
+import yaml
 
-FIRST_EDITION_TASKS = ("target", "pairs", "prefix")  # `units` is the second edition's (credit_study2.py)
+from .protocol import PROTOCOL_FILES
+from .runs import H, first_edition_job, run_jobs, saved
+from .survival import reached_step, trailing_mean
 
-RESPONSES_PER_STEP = 8
-WINDOW = 5
-CONFIGS = {
-    "ppo-lam0.95": dict(termination="fixed", n=1, lam=0.95),
-    "ppo-lam0.99": dict(termination="fixed", n=1, lam=0.99),
-    "ppo-lam1.0": dict(termination="fixed", n=1, lam=1.0),
-    "fixed5": dict(termination="fixed", n=5),
-    "fixed5-first": dict(termination="fixed", n=5, value_function="first"),
-    "fixed10": dict(termination="fixed", n=10),
-    "fixed10-first": dict(termination="fixed", n=10, value_function="first"),
-    "inf": dict(termination="fixed", n=math.inf),
-    "inf-first": dict(termination="fixed", n=math.inf, value_function="first"),
-    "ppl": dict(termination="ppl"),
-    "rloo": dict(advantage="rloo", samples_per_prompt=4),
-    "grpo": dict(advantage="grpo", samples_per_prompt=4),
-}
 PALETTE = [f"C{i}" for i in range(10)] + ["black", "gold"]  # one colour per configuration
-TOKEN_PPO = ("ppo-lam0.95", "ppo-lam0.99", "ppo-lam1.0")
-MA_PPO = ("fixed5", "fixed5-first", "fixed10", "fixed10-first", "inf", "inf-first", "ppl")
-CRITIC_FREE = ("rloo", "grpo")
 
 
 @dataclass
@@ -99,132 +75,55 @@ class Mode:
         return self.longer.get(task, self.steps)
 
 
-# two tuning seeds: a single tuning run is bimodal (it collapses to ~0 or learns to ~1 within
-# 15 steps), so one seed picks rates on a coin flip
-FULL = Mode("full", steps=30, tune_steps=15, seeds=(0, 1, 2, 3, 4), tune_seeds=(1000, 1001), lrs=(0.03, 0.06, 0.12),
-            tokens={"target": 64, "pairs": 32, "prefix": 32},
-            # at 30 steps the best token-PPO configuration on prefix was still moving (one run's
-            # trailing mean rose 0.26 over its last 10 steps): its runs are twice as long
-            longer={"prefix": 60})  # fmt: skip
-# a smoke test of the same code path with a preview of the result: short runs rarely get far
-QUICK = Mode("quick", steps=10, tune_steps=6, seeds=(0, 1), tune_seeds=(1000,), lrs=(0.03, 0.06, 0.12),
-             tokens={"target": 8, "pairs": 8, "prefix": 8}, threshold=0.5)  # fmt: skip
+@dataclass(frozen=True)
+class Design:
+    """The first edition's protocol file: one mode of it, the configurations and their groups."""
+
+    mode: Mode
+    folder: str
+    configs: dict[str, dict]  # configuration -> its flags
+    groups: dict[str, tuple[str, ...]]  # token-ppo, ma-ppo, critic-free -> their configurations
+    stage: dict
+    responses_per_step: int
+    window: int
+
+    @property
+    def token_ppo(self) -> tuple[str, ...]:
+        return self.groups["token-ppo"]
+
+    @property
+    def ma_ppo(self) -> tuple[str, ...]:
+        return self.groups["ma-ppo"]
+
+    @property
+    def critic_free(self) -> tuple[str, ...]:
+        return self.groups["critic-free"]
 
 
-# ---------------------------------------------------------------------------------------
-# one run (in a worker process)
-
-
-def _init_worker(threads: int, log: str) -> None:
-    """One torch thread per run; the stage's own console output goes to the log, not the
-    study's terminal (the study shows one progress bar)."""
-    import os
-
-    import torch
-
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    torch.set_num_threads(threads)
-    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-
-
-@functools.lru_cache(maxsize=None)
-def _reward(task: str, model: str = "tiny"):
-    from _credit_tasks import TaskReward
-
-    return TaskReward(task, model)
-
-
-@functools.lru_cache(maxsize=1)
-def _prompts() -> str:
-    return str(H.write_prompts(Path(tempfile.mkdtemp(prefix="marlhf-credit-prompts-")) / "prompts.jsonl"))
-
-
-def run_job(job: dict) -> dict:
-    """Train one (task, configuration, learning rate, seed) with the stage; its score curve."""
-    from marlhf_cli.train import ppo
-
-    setup = dict(CONFIGS[job["config"]])
-    group = setup.get("samples_per_prompt", 1)
-    model = job.get("model", "tiny")  # gpu/credit_scale.py: a larger random-init shape, in bf16
-    if "dtype" in job:
-        setup["dtype"] = job["dtype"]
-    work = Path(tempfile.mkdtemp(prefix="marlhf-credit-run-"))
-    try:
-        config = H.ppo_config(
-            work, name="run", policy=model, reward_model=model, dataset=_prompts(), **setup,
-            rollout_batch_size=RESPONSES_PER_STEP // group, mini_batch_size=RESPONSES_PER_STEP,
-            max_new_tokens=job["tokens"], max_prompt_length=16, temperature=1.0, top_k=0, kl_coef=0.0,
-            actor_lr=job["lr"], critic_lr=job["lr"], max_steps=job["steps"], eval_every=0, eval_prompts=0,
-            save_every=0, seed=job["seed"],
-        )  # fmt: skip
-        started = time.perf_counter()
-        ppo.run(config, reward_fn=_reward(job["task"], model))
-        rows = H.train_rows(work, "run")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # models of a tiny run are ~13 MB each
-    return {
-        **job,
-        "score": [row["score"] for row in rows],
-        "responses": [row["responses"] for row in rows],
-        # rloo and grpo log none (one advantage per response): a response is their one segment
-        "segment_length": statistics.mean(row.get("segment_length", row["response_length"]) for row in rows),
-        "step_time": statistics.median(row["step_time"] for row in rows),
-        "seconds": time.perf_counter() - started,
-    }
-
-
-def job_path(root: Path, job: dict) -> Path:
-    return root / job["task"] / f"{job['config']}-lr{job['lr']:g}-s{job['seed']}-{job['steps']}steps.json"
-
-
-def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, run=run_job, path_of=job_path,
-             label: str = "runs", start_first=None) -> list[dict]:  # fmt: skip
-    """Run the jobs not already saved under ``root`` (``run(job)`` in ``workers`` processes,
-    each result saved at ``path_of(root, result)``); return every job's result, in the jobs'
-    order whatever order they ran in. ``start_first(job)`` true: the job is started before the
-    others (the longest ones, so no worker waits long at the end). The second edition
-    (credit2/runs.py) passes its own ``run``, ``path_of`` and ``start_first``."""
-    todo = [job for job in jobs if not path_of(root, job).is_file()]
-    if start_first is not None:
-        todo.sort(key=lambda job: not start_first(job))  # stable: the rest keep their order
-    if todo:
-        from rich.progress import Progress
-
-        from marlhf_cli.artifacts import write_json
-
-        print(f"# {label}: {len(todo)} of {len(jobs)} runs to do ({len(jobs) - len(todo)} saved)", flush=True)
-        spawn = multiprocessing.get_context("spawn")
-        root.mkdir(parents=True, exist_ok=True)
-        log = str(root / "runs.log")  # not committed: .gitignore
-        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(threads, log)) as pool:
-            futures = {pool.submit(run, job): job for job in todo}
-            with Progress(transient=False) as progress:
-                bar = progress.add_task(label, total=len(todo))
-                for future in as_completed(futures):
-                    result = future.result()
-                    path = path_of(root, result)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_json(path, result)
-                    progress.advance(bar)
-    return [json.loads(path_of(root, job).read_text()) for job in jobs]
+def load(mode: str = "full", path: Path = PROTOCOL_FILES[1]) -> Design:
+    document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    settings = document["modes"][mode]
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, spec in document["configs"].items():
+        groups[spec["group"]] = (*groups.get(spec["group"], ()), name)
+    return Design(
+        mode=Mode(mode, steps=int(settings["steps"]), tune_steps=int(settings["tune_steps"]),
+                  seeds=tuple(int(s) for s in settings["seeds"]), tune_seeds=tuple(int(s) for s in settings["tune_seeds"]),
+                  lrs=tuple(float(x) for x in settings["lrs"]), tokens={t: int(n) for t, n in settings["tasks"].items()},
+                  threshold=float(settings["threshold"]), longer={t: int(n) for t, n in settings.get("longer", {}).items()}),
+        folder=settings["folder"], configs={name: dict(spec["flags"]) for name, spec in document["configs"].items()},
+        groups=groups, stage=dict(document["stage"]), responses_per_step=int(document["responses_per_step"]),
+        window=int(document["window"]),
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
 # statistics
 
 
-def trailing_mean(values: list[float], window: int = WINDOW) -> list[float]:
-    return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
-
-
-def steps_to(curve: list[float], threshold: float) -> int | None:
+def steps_to(curve: list[float], threshold: float, window: int = 5) -> int | None:
     """First step (1-based) whose trailing mean reaches ``threshold``; None if none does."""
-    for index, value in enumerate(trailing_mean(curve)):
-        if value >= threshold:
-            return index + 1
-    return None
+    return reached_step(curve, threshold, window)
 
 
 def bootstrap_interval(statistic, *samples) -> tuple[float, float]:
@@ -246,10 +145,11 @@ def mean_of(values) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# the study
+# the course: tuning runs, each configuration's rate, reported runs
 
 
-def jobs_for(mode: Mode, tasks, configs, phase: str, lr_of=None) -> list[dict]:
+def jobs_for(design: Design, tasks, configs, phase: str, lr_of=None) -> list[dict]:
+    mode = design.mode
     out = []
     for task in tasks:
         seeds, steps = (mode.tune_seeds, mode.tune_steps) if phase == "tune" else (mode.seeds, mode.report_steps(task))
@@ -257,8 +157,8 @@ def jobs_for(mode: Mode, tasks, configs, phase: str, lr_of=None) -> list[dict]:
             lrs = mode.lrs if phase == "tune" else (lr_of[task][config],)
             for lr in lrs:
                 for seed in seeds:
-                    out.append({"task": task, "config": config, "lr": lr, "seed": seed, "steps": steps,
-                                "tokens": mode.tokens[task]})  # fmt: skip
+                    out.append(first_edition_job(task, config, design.configs[config], design.stage, lr, seed, steps,
+                                                 mode.tokens[task], design.responses_per_step))  # fmt: skip
     return out
 
 
@@ -297,13 +197,13 @@ class Summary:
     curves: list[list[float]]
 
 
-def summarise(results: list[dict], mode: Mode, lr_of, score_of, task: str, configs) -> dict[str, Summary]:
+def summarise(results: list[dict], mode: Mode, lr_of, score_of, task: str, configs, window: int = 5) -> dict[str, Summary]:
     out = {}
     for config in configs:
         runs = [r for r in results if r["task"] == task and r["config"] == config]
-        reached = [steps_to(r["score"], mode.threshold) for r in runs]
+        reached = [steps_to(r["score"], mode.threshold, window) for r in runs]
         steps = [float(s) if s is not None else float(mode.report_steps(task)) for s in reached]
-        final = [mean_of(r["score"][-WINDOW:]) for r in runs]
+        final = [mean_of(r["score"][-window:]) for r in runs]
         out[config] = Summary(
             config=config, lr=lr_of[task][config], tuning_score=score_of[task][config], seeds=len(runs),
             reached=sum(s is not None for s in reached), steps=steps, steps_ci=bootstrap_interval(mean_of, steps),
@@ -314,8 +214,9 @@ def summarise(results: list[dict], mode: Mode, lr_of, score_of, task: str, confi
     return out
 
 
-def print_table(task: str, mode: Mode, summaries: dict[str, Summary]) -> None:
-    print(f"\n## task {task}: {mode.tokens[task]} tokens, {mode.report_steps(task)} steps x {RESPONSES_PER_STEP} responses, "
+def print_table(task: str, design: Design, summaries: dict[str, Summary]) -> None:
+    mode, per_step = design.mode, design.responses_per_step
+    print(f"\n## task {task}: {mode.tokens[task]} tokens, {mode.report_steps(task)} steps x {per_step} responses, "
           f"threshold {mode.threshold:g} of the best score, {len(mode.seeds)} reported seeds")  # fmt: skip
     print(f"{'config':<15}{'lr':>6}{'tune':>7}{'seg':>6}{'s/step':>8}{'reached':>9}"
           f"{'steps to threshold [95% CI]':>30}{'responses':>10}{'final score [95% CI]':>26}")  # fmt: skip
@@ -324,7 +225,7 @@ def print_table(task: str, mode: Mode, summaries: dict[str, Summary]) -> None:
         steps = f"{censored}{mean_of(s.steps):.1f} [{s.steps_ci[0]:.1f}, {s.steps_ci[1]:.1f}]"
         final = f"{mean_of(s.final):.3f} [{s.final_ci[0]:.3f}, {s.final_ci[1]:.3f}]"
         print(f"{s.config:<15}{s.lr:>6g}{s.tuning_score:>7.3f}{s.segment_length:>6.1f}{s.step_time:>8.2f}"
-              f"{f'{s.reached}/{s.seeds}':>9}{steps:>30}{mean_of(s.steps) * RESPONSES_PER_STEP:>10.0f}{final:>26}")  # fmt: skip
+              f"{f'{s.reached}/{s.seeds}':>9}{steps:>30}{mean_of(s.steps) * per_step:>10.0f}{final:>26}")  # fmt: skip
 
 
 def best_of(summaries: dict[str, Summary], group) -> Summary:
@@ -349,25 +250,28 @@ def ratio_line(task: str, label: str, baseline: Summary, other: Summary) -> str:
             f"{ratio:.2f}x [95% CI {low:.2f}, {high:.2f}]{note}")  # fmt: skip
 
 
-def plot(all_summaries: dict[str, dict[str, Summary]], mode: Mode, path: Path) -> None:
+def plot(all_summaries: dict[str, dict[str, Summary]], design: Design, path: Path, mode: Mode | None = None) -> None:
+    """Mean training-score curves with 95% t-bands per task (``mode``: the one the summaries
+    were made with, when not the design's own: ``gpu_scale.py``'s pilot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from scipy import stats
 
+    mode = mode or design.mode
     tasks = list(all_summaries)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.2), dpi=110, squeeze=False)
     for ax, task in zip(axes[0], tasks):
         summaries = all_summaries[task]
         shown = []
         # every lambda (the horizon control), the paper's fixed 5, the best MA-PPO, the critic-free
-        for name in (*TOKEN_PPO, "fixed5", best_of(summaries, MA_PPO).config, *CRITIC_FREE):
+        for name in (*design.token_ppo, "fixed5", best_of(summaries, design.ma_ppo).config, *design.critic_free):
             if name in summaries and name not in shown:
                 shown.append(name)
         for name in shown:
             s = summaries[name]
-            curves = [trailing_mean(c) for c in s.curves]
+            curves = [trailing_mean(c, design.window) for c in s.curves]
             xs = list(range(1, len(curves[0]) + 1))
             mean = [mean_of(col) for col in zip(*curves)]
             if len(curves) > 1:
@@ -375,14 +279,14 @@ def plot(all_summaries: dict[str, dict[str, Summary]], mode: Mode, path: Path) -
                 half = [t * statistics.stdev(col) / math.sqrt(len(col)) for col in zip(*curves)]
             else:
                 half = [0.0] * len(mean)
-            style = "--" if name in TOKEN_PPO else (":" if name in CRITIC_FREE else "-")
-            colour = PALETTE[list(CONFIGS).index(name) % len(PALETTE)]  # a configuration's colour is the same in every panel
+            style = "--" if name in design.token_ppo else (":" if name in design.critic_free else "-")
+            colour = PALETTE[list(design.configs).index(name) % len(PALETTE)]  # a configuration's colour is the same in every panel
             (line,) = ax.plot(xs, mean, style, color=colour, label=f"{name} (lr {s.lr:g})", linewidth=1.6)
             ax.fill_between(xs, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                             color=line.get_color(), alpha=0.12)  # fmt: skip
         ax.axhline(mode.threshold, color="grey", linewidth=0.8, linestyle=":")
         ax.set_title(f"task {task}, {mode.tokens[task]} tokens", fontsize=10)
-        ax.set_xlabel(f"PPO step ({RESPONSES_PER_STEP} responses each)")
+        ax.set_xlabel(f"PPO step ({design.responses_per_step} responses each)")
         ax.set_ylabel("training score (trailing 5-step mean)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -395,31 +299,24 @@ def plot(all_summaries: dict[str, dict[str, Summary]], mode: Mode, path: Path) -
     write_figure(path, fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer seeds, steps and tokens (~15 min on a quiet 2-core CPU)")
-    parser.add_argument("--tasks", default=",".join(FIRST_EDITION_TASKS), help="comma-separated, from " + ", ".join(TASKS))
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from " + ", ".join(CONFIGS))
-    parser.add_argument("--workers", type=int, default=2, help="runs side by side, one process each")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--out", type=Path, default=H.BENCH_DIR / "credit_study", help="saved runs and figures")
-    parser.add_argument("--report-only", action="store_true", help="tables and plot from the saved runs; train nothing")
-    args = parser.parse_args()
-    mode = QUICK if args.quick else FULL
-    tasks = [t.strip() for t in args.tasks.split(",")]
-    configs = [c.strip() for c in args.configs.split(",")]
-    unknown = (set(tasks) - set(TASKS)) | (set(configs) - set(CONFIGS))
+def main(args) -> None:
+    """The first edition's course and report: ``python -m studies.credit --edition 1``."""
+    design = load("quick" if args.quick else "full")
+    mode = design.mode
+    tasks = list(mode.tokens) if args.tasks is None else [t.strip() for t in args.tasks.split(",")]
+    configs = list(design.configs) if args.configs is None else [c.strip() for c in args.configs.split(",")]
+    unknown = (set(tasks) - set(mode.tokens)) | (set(configs) - set(design.configs))
     if unknown:
         sys.exit(f"unknown task or configuration: {', '.join(sorted(unknown))}")
-    if not (set(configs) & set(TOKEN_PPO) and set(configs) & set(MA_PPO)):
+    if not (set(configs) & set(design.token_ppo) and set(configs) & set(design.ma_ppo)):
         sys.exit("--configs needs at least one token-PPO and one MA-PPO configuration")
-    root = args.out / mode.name
+    root = args.out / design.folder
     print(H.machine_line())
     print(f"# mode {mode.name}: {json.dumps(asdict(mode))}; {args.workers} worker(s) x {args.threads} thread(s)")
     started = time.perf_counter()
     if args.report_only:
         def run(jobs):  # what is saved; a task with runs missing is left out below
-            return [json.loads(job_path(root, j).read_text()) for j in jobs if job_path(root, j).is_file()]
+            return saved(root, jobs)
     else:
         def run(jobs):
             return run_jobs(jobs, root, args.workers, args.threads)
@@ -428,8 +325,9 @@ def main() -> None:
     lr_of, score_of, results = {}, {}, []
     done_tasks = []
     for task in tasks:
-        tuning = run(jobs_for(mode, [task], configs, "tune"))
-        if len(tuning) < len(jobs_for(mode, [task], configs, "tune")):
+        tuning_jobs = jobs_for(design, [task], configs, "tune")
+        tuning = run(tuning_jobs)
+        if len(tuning) < len(tuning_jobs):
             print(f"# {task}: tuning runs missing, left out (run without --report-only to finish it)")
             continue
         tuned = tuning_scores(tuning)
@@ -438,8 +336,9 @@ def main() -> None:
         score_of.update(chosen[1])
         print(f"# {task}: learning rate chosen on tuning seed(s) {list(mode.tune_seeds)} ({mode.tune_steps} steps): "
               + ", ".join(f"{c} {lr_of[task][c]:g}" for c in configs), flush=True)  # fmt: skip
-        reported = run(jobs_for(mode, [task], configs, "report", lr_of))
-        if len(reported) < len(jobs_for(mode, [task], configs, "report", lr_of)):
+        reported_jobs = jobs_for(design, [task], configs, "report", lr_of)
+        reported = run(reported_jobs)
+        if len(reported) < len(reported_jobs):
             print(f"# {task}: reported runs missing, left out (run without --report-only to finish it)")
             continue
         results += reported
@@ -448,23 +347,19 @@ def main() -> None:
         sys.exit("no task has all its runs yet")
     tasks = done_tasks
 
-    all_summaries = {task: summarise(results, mode, lr_of, score_of, task, configs) for task in tasks}
+    all_summaries = {task: summarise(results, mode, lr_of, score_of, task, configs, design.window) for task in tasks}
     for task in tasks:
-        print_table(task, mode, all_summaries[task])
+        print_table(task, design, all_summaries[task])
     figure = root / "credit_study.png"
-    plot(all_summaries, mode, figure)
+    plot(all_summaries, design, figure)
     print(f"\n# plot: {figure}")
     print(f"# wall time {time.perf_counter() - started:.0f} s; load average at the end {H.load_average()}")
     for task in tasks:
         summaries = all_summaries[task]
-        token = best_of(summaries, TOKEN_PPO)
+        token = best_of(summaries, design.token_ppo)
         print(settled_line(task, token))
-        if set(configs) & set(CRITIC_FREE):
-            print(ratio_line(task, "best critic-free", token, best_of(summaries, CRITIC_FREE)))
+        if set(configs) & set(design.critic_free):
+            print(ratio_line(task, "best critic-free", token, best_of(summaries, design.critic_free)))
     for task in tasks:
         summaries = all_summaries[task]
-        print(ratio_line(task, "best MA-PPO", best_of(summaries, TOKEN_PPO), best_of(summaries, MA_PPO)))
-
-
-if __name__ == "__main__":
-    main()
+        print(ratio_line(task, "best MA-PPO", best_of(summaries, design.token_ppo), best_of(summaries, design.ma_ppo)))

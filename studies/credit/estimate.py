@@ -1,4 +1,4 @@
-"""What the full study will cost, from timed runs: ``credit_study2.py --estimate``.
+"""What the full study will cost, from timed runs: ``python -m studies.credit --edition 2 --estimate``.
 
 Runs one tuning run per arm and task at the first budget of the steps ladder (the first
 tuning seed, the grid's middle rate: runs the study itself needs, saved as any other), then

@@ -1,26 +1,26 @@
-"""The credit-assignment study, second edition: pre-registered, powered, censoring-aware, priced in tokens.
+"""The credit-assignment study's runner, every edition: pre-registered, powered, censoring-aware.
 
-    python benchmarks/credit_study2.py [--quick] [--workers 2] [--threads 1] [--tasks target,units,prefix]
-                                       [--report-only] [--out benchmarks/credit_study]
+    python -m studies.credit --edition {1,2,3} [--quick] [--workers 2] [--threads 1]
+                             [--tasks target,units,prefix] [--report-only] [--out studies/credit]
 
-The design is benchmarks/credit_study/PROTOCOL.md, and its machine-readable half
-benchmarks/credit_study/protocol.yaml is all this script takes it from: tasks, arms, the
-steps ladder of the calibration, tuning seeds and learning-rate grids with their extension
-rule, reported seeds, threshold, statistics and the decision rule. Task by task it calibrates
-and tunes on the tuning seeds, runs the reported seeds at the chosen rates (20 seeds for each
-family's best arm, 5 for the others), and reports: reach rates with exact intervals,
-Kaplan-Meier curves and restricted mean cost to threshold on three cost axes (steps,
-responses, generated tokens), the log-rank test of each decided comparison with Holm's
-correction over tasks, the power of each comparison, every deviation from the protocol, and
-the README's sentence as the decision rule writes it.
+From the repository root. An edition's design is its folder's ``protocol.yaml`` (with
+``PROTOCOL.md`` beside it from the second edition on), and that file is all the runner takes
+it from: tasks, arms, the calibration ladder (steps in the second edition, generated tokens in
+the third), tuning seeds and learning-rate grids with their extension rule, reported seeds,
+threshold, statistics and the decision rule. Task by task it calibrates and tunes on the
+tuning seeds, runs the reported seeds at the chosen rates, and reports: reach rates with
+exact intervals, Kaplan-Meier curves and restricted mean cost to threshold on three cost axes
+(steps, responses, generated tokens), the log-rank test of each decided comparison with
+Holm's correction, the power of each comparison, every deviation from the protocol, and the
+README's sentence as the decision rule writes it. The first edition (``first.py``) tunes by
+mean score and reports bootstrap means of steps to threshold.
 
 Resumable: every finished run is a small JSON file under ``<out>/<mode folder>/<task>/``,
 skipped on a rerun, so the study can stop and go on (also on another machine: every run
 records its CPU, and only steps and tokens are compared, never seconds). ``--quick`` is the
 same code path with fewer seeds, steps and tokens (the protocol's quick mode, its own
 folder); ``--report-only`` reads the saved runs and trains nothing (a task with runs missing
-stops where they end, and the report says so). The first edition stays
-``benchmarks/credit_study.py`` with its runs in ``benchmarks/credit_study/full/``.
+stops where they end, and the report says so).
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import yaml
 
-import _harness as H  # noqa: E402
-import yaml  # noqa: E402
-from credit2 import analysis as A  # noqa: E402
-from credit2 import estimate, plots, report  # noqa: E402
-from credit2.protocol import PROTOCOL_FILES, load  # noqa: E402
-from credit2.runs import run_jobs, saved  # noqa: E402
-from credit2.study import plan_task  # noqa: E402
+from . import analysis as A
+from . import estimate, first, plots, report
+from .protocol import HERE, PROTOCOL_FILES, load
+from .runs import H, run_jobs, saved
+from .study import plan_task
 
 
 def fail(message: str) -> None:
@@ -48,15 +46,17 @@ def fail(message: str) -> None:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the protocol's quick mode: the same code path in ~15 minutes")
+    parser = argparse.ArgumentParser(prog="python -m studies.credit", description=__doc__.splitlines()[0])
+    parser.add_argument("--edition", type=int, choices=sorted(PROTOCOL_FILES), default=3, help="which edition's committed "
+                        "protocol: 1 (issue 22, steps, not pre-registered), 2 (issue 28, steps) or 3 (issue 35: token "
+                        "budgets, the segment value sigma)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="the protocol's quick mode: the same code path in minutes")
     parser.add_argument("--tasks", default=None, help="comma-separated subset of the protocol's tasks (default: all; "
                         "leaving one out is a deviation the report prints)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="runs side by side, one process each")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--out", type=Path, default=H.BENCH_DIR / "credit_study", help="folder of the mode folders (saved runs, figures)")
-    parser.add_argument("--edition", type=int, choices=sorted(PROTOCOL_FILES), default=2, help="which edition's committed "
-                        "protocol: 2 (issue 28, steps) or 3 (issue 35: token budgets, the segment value sigma)")  # fmt: skip
+    parser.add_argument("--configs", default=None, help="first edition only: comma-separated configurations (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder of the mode folders (saved runs, figures)")
     parser.add_argument("--protocol", type=Path, default=None, help="a protocol file (default: the edition's committed one)")
     parser.add_argument("--report-only", action="store_true", help="report from the saved runs; train nothing")
     parser.add_argument("--estimate", action="store_true", help="time one tuning run per arm and task (runs the study "
@@ -66,6 +66,12 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse(argv)
+    if args.edition == 1:
+        if args.estimate or args.protocol:
+            fail("--estimate and --protocol are the second and third editions'")
+        return first.main(args)
+    if args.configs is not None:
+        fail("--configs is the first edition's; the second and third pick arms by their protocol")
     args.protocol = args.protocol or PROTOCOL_FILES[args.edition]
     try:
         protocol = load("quick" if args.quick else "full", args.protocol)

@@ -1,4 +1,4 @@
-"""benchmarks/credit_study2.py end to end on a protocol cut down to seconds: it calibrates,
+"""The second edition (python -m studies.credit --edition 2) end to end on a protocol cut down to seconds: it calibrates,
 tunes, runs the reported seeds through the PPO stage, saves one JSON per run, reports (tables,
 comparisons, deviations, the README's sentence, both figures), and a second call trains
 nothing and says the same."""
@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "credit_study2.py"
+STUDY = [sys.executable, "-m", "studies.credit"]  # the runner, from the repository root
 ARMS = ("ppo-lam0.99", "fixed5", "grpo", "mc-fixed5")
 
 
 def _tiny_protocol(folder: Path) -> Path:
-    document = yaml.safe_load((ROOT / "benchmarks" / "credit_study" / "protocol.yaml").read_text())
+    document = yaml.safe_load((ROOT / "studies" / "credit" / "second" / "protocol.yaml").read_text())
     document["arms"] = {name: arm for name, arm in document["arms"].items() if name in ARMS}
     document["modes"] = {"quick": {
         "folder": "tiny", "threshold": 0.5, "tasks": {"units": {"tokens": 10}}, "steps_ladder": [2],
@@ -33,7 +33,7 @@ def _tiny_protocol(folder: Path) -> Path:
 
 
 def _run(*args) -> str:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", *args], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([*STUDY, "--quick", *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -41,7 +41,7 @@ def _run(*args) -> str:
 @pytest.mark.slow
 def test_the_study_runs_saves_reports_and_resumes(tmp_path):
     protocol = _tiny_protocol(tmp_path)
-    out = _run("--protocol", str(protocol), "--out", str(tmp_path), "--workers", "2")
+    out = _run("--edition", "2", "--protocol", str(protocol), "--out", str(tmp_path), "--workers", "2")
     runs = sorted((tmp_path / "tiny" / "units").glob("*.json"))
     # tuning: 4 arms x 2 rates x 1 seed; reported: every arm is its family's best here, 2 seeds each
     assert len(runs) == 4 * 2 + 4 * 2
@@ -57,13 +57,13 @@ def test_the_study_runs_saves_reports_and_resumes(tmp_path):
     assert "MA-PPO (fixed5) against token PPO (ppo-lam0.99):" in sentence
     for figure in ("kaplan_meier.png", "restricted_means.png"):
         assert (tmp_path / "tiny" / figure).stat().st_size > 10_000
-    again = _run("--protocol", str(protocol), "--out", str(tmp_path), "--report-only")
+    again = _run("--edition", "2", "--protocol", str(protocol), "--out", str(tmp_path), "--report-only")
     assert "runs to do" not in again and again.split("## the README's statement")[1] == out.split("## the README's statement")[1]
 
 
 def test_a_bad_task_or_protocol_is_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--tasks", "nonsense", "--report-only", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run([*STUDY, "--edition", "2", "--tasks", "nonsense", "--report-only", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().splitlines() == ["unknown task(s) nonsense: the protocol has target, units, prefix"]
-    done = subprocess.run([sys.executable, str(SCRIPT), "--protocol", str(tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*STUDY, "--protocol", str(tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "cannot read the protocol" in done.stderr

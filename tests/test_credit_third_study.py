@@ -1,4 +1,4 @@
-"""The third edition end to end on a protocol cut down to seconds (benchmarks/credit_study2.py
+"""The third edition end to end on a protocol cut down to seconds (python -m studies.credit
 --edition 3): the critic's rate, tuning at the largest token budget, calibration by cuts,
 the reported runs, the report; every record carries its provenance and its explained
 variance, spends the tokens the budget planned, and runs again bit for bit on this machine."""
@@ -6,17 +6,14 @@ variance, spends the tokens the budget planned, and runs again bit for bit on th
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from test_credit_second_study import ROOT
+from test_credit_second_study import _run as run_study
 
-from test_credit2_study import ROOT
-from test_credit2_study import _run as run_study
-
-THIRD = ROOT / "benchmarks" / "credit_study" / "third"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+THIRD = ROOT / "studies" / "credit" / "third"
 ARMS = ("fixed5", "fixed5-first", "rloo", "mc-fixed5")  # a critic arm, its sigma twin, and the two without a critic
 
 
@@ -31,7 +28,7 @@ def _tiny_protocol(folder: Path) -> Path:
         "folder": "tiny", "threshold": 0.5, "tasks": {"units": {"tokens": 10}}, "budgets": [160, 240],
         "calibration_reach": 0.8, "reported": {"decided_seeds": 2, "other_seeds": 1},
         "critic": {"arms": ["fixed5"], "actor_lr": 0.06, "lrs": [0.03, 0.1], "budget": 160},
-        # one rate: the grid and extension rules are tests/test_credit3.py's, on synthetic runs
+        # one rate: the grid and extension rules are tests/test_credit_third.py's, on synthetic runs
         "tuning": {"seeds": [1000], "lrs": [0.06], "pick": "reach", "extend_factor": 2, "max_extensions": 0, "tie_tolerance": 1e-9},
         "power_simulations": 50, "bootstrap_resamples": 100,
     }}  # fmt: skip
@@ -51,9 +48,9 @@ def _same_numbers(a: dict, b: dict, steps: int | None = None) -> None:
 
 @pytest.mark.slow
 def test_the_third_edition_runs_reports_and_its_records_rerun_bit_for_bit(tmp_path):
-    from credit2.protocol import load
-    from credit2.runs import rerun, tokens_per_step
     from marlhf_cli import provenance
+    from studies.credit.protocol import load
+    from studies.credit.runs import rerun, tokens_per_step
 
     protocol_file = _tiny_protocol(tmp_path)
     protocol = load("quick", protocol_file)
@@ -101,8 +98,8 @@ def test_committed_third_edition_records_rerun_bit_for_bit_on_their_machine():
     where the CPU is the one they ran on (its model and flags decide torch's kernels, hence the
     rounding): their first 6 steps (the second edition's records departed at step 4 on another
     CPU), which at the edition's constant learning rate are the record's own first steps."""
-    from credit2.runs import rerun
     from marlhf_cli import provenance
+    from studies.credit.runs import rerun
 
     records = [r for r in _committed_records() if r.get("provenance", {}).get("cpu") == provenance.cpu()]
     picked = [next((r for r in records if (r["critic_lr"] is None) == free), None) for free in (False, True)]

@@ -1,10 +1,10 @@
 """The credit-assignment study at a scale a CPU cannot reach: SmolLM2-135M's shape, 256-token responses.
 
-    python benchmarks/gpu/credit_scale.py --out DIR [--model random:smollm2-135m] [--tokens 256]
+    python -m studies.credit.gpu_scale --out DIR [--model random:smollm2-135m] [--tokens 256]
         [--tasks target,prefix] [--configs ppo-lam0.95,ppo-lam1.0,fixed5,grpo] [--steps 30]
         [--seeds 10] [--lr 0.005] [--budget 420] [--workers 4] [--device cuda] [--dtype bf16]
 
-The same runs as ``benchmarks/credit_study.py`` (its tasks, configurations and per-run code:
+The first edition's runs (``first.py``: its tasks, configurations and per-run code:
 8 responses per step, one PPO epoch, temperature 1, no KL penalty; the reward in [0, 1] at
 the last token, token classes from the policy's own initial embedding), with a random-init
 model of SmolLM2-135M's shape (``random:smollm2-135m``) in bf16 on a GPU and responses 4 to 8
@@ -24,7 +24,6 @@ seconds per step, every curve) and DIR/credit_scale.png (mean curves with 95% t-
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
@@ -34,10 +33,11 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _harness as H  # noqa: E402
-import credit_study as study  # noqa: E402
-from _credit_tasks import TASKS  # noqa: E402
+from . import first as study
+from .runs import H, first_edition_job, run_job
+from .tasks import TASKS
+
+DESIGN = study.load("full")  # the first edition's configurations, stage and responses per step
 
 
 def _init_worker(device: str, threads: int, log: str) -> None:
@@ -54,8 +54,9 @@ def _init_worker(device: str, threads: int, log: str) -> None:
 
 def plan(args) -> list[list[dict]]:
     """The jobs of each seed, seeds in order."""
-    return [[{"task": task, "config": config, "lr": args.lr, "seed": seed, "steps": args.steps, "tokens": args.tokens,
-              "model": args.model, "dtype": args.dtype} for task in args.tasks for config in args.configs]
+    stage = DESIGN.stage | {"model": args.model, "dtype": args.dtype}
+    return [[first_edition_job(task, config, DESIGN.configs[config], stage, args.lr, seed, args.steps, args.tokens,
+                               DESIGN.responses_per_step) for task in args.tasks for config in args.configs]
             for seed in range(args.seeds)]  # fmt: skip
 
 
@@ -72,7 +73,7 @@ def run_within_budget(seeds: list[list[dict]], args, log: Path) -> list[dict]:
             elapsed = time.perf_counter() - started
             while queue and len(running) < args.workers and elapsed + slowest <= args.budget:
                 job = queue.pop(0)
-                running[pool.submit(study.run_job, job)] = (job, time.perf_counter())
+                running[pool.submit(run_job, job)] = (job, time.perf_counter())
             if not running:
                 break  # the budget stops the rest
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -81,7 +82,7 @@ def run_within_budget(seeds: list[list[dict]], args, log: Path) -> list[dict]:
                 results.append(future.result())
                 slowest = max(slowest, time.perf_counter() - began)
                 print(f"# {job['task']} {job['config']} seed {job['seed']}: {results[-1]['seconds']:.0f} s, final score "
-                      f"{statistics.mean(results[-1]['score'][-study.WINDOW:]):.3f} ({time.perf_counter() - started:.0f} s)",
+                      f"{statistics.mean(results[-1]['score'][-DESIGN.window:]):.3f} ({time.perf_counter() - started:.0f} s)",
                       flush=True)  # fmt: skip
             if queue and time.perf_counter() - started + slowest > args.budget:
                 queue = []  # nothing more fits; the running jobs finish
@@ -96,7 +97,7 @@ def summary(results: list[dict], args) -> tuple[dict, dict]:
                       tokens={t: args.tokens for t in args.tasks}, threshold=args.threshold)  # fmt: skip
     lr_of = {t: {c: args.lr for c in args.configs} for t in args.tasks}
     untuned = {t: {c: 0.0 for c in args.configs} for t in args.tasks}  # no tuning runs: a pilot
-    return mode, {task: study.summarise(results, mode, lr_of, untuned, task, args.configs) for task in args.tasks}
+    return mode, {task: study.summarise(results, mode, lr_of, untuned, task, args.configs, DESIGN.window) for task in args.tasks}
 
 
 def main() -> None:
@@ -105,7 +106,7 @@ def main() -> None:
     parser.add_argument("--model", default="random:smollm2-135m", help="random-init policy (= critic base): tiny or random:<shape>")
     parser.add_argument("--tokens", type=int, default=256, help="response tokens")
     parser.add_argument("--tasks", default="target,prefix", help="comma-separated, from " + ", ".join(TASKS))
-    parser.add_argument("--configs", default="ppo-lam0.95,ppo-lam1.0,fixed5,grpo", help="from " + ", ".join(study.CONFIGS))
+    parser.add_argument("--configs", default="ppo-lam0.95,ppo-lam1.0,fixed5,grpo", help="from " + ", ".join(DESIGN.configs))
     parser.add_argument("--steps", type=int, default=30, help="PPO steps per run (8 responses each)")
     parser.add_argument("--seeds", type=int, default=10, help="most seeds; fewer when the budget ends first")
     parser.add_argument("--lr", type=float, default=0.005, help="actor = critic learning rate, every configuration")
@@ -118,10 +119,10 @@ def main() -> None:
     args = parser.parse_args()
     args.tasks = [t.strip() for t in args.tasks.split(",")]
     args.configs = [c.strip() for c in args.configs.split(",")]
-    unknown = (set(args.tasks) - set(TASKS)) | (set(args.configs) - set(study.CONFIGS))
+    unknown = (set(args.tasks) - set(TASKS)) | (set(args.configs) - set(DESIGN.configs))
     if unknown:
         sys.exit(f"unknown task or configuration: {', '.join(sorted(unknown))}")
-    if not set(args.configs) & set(study.MA_PPO):
+    if not set(args.configs) & set(DESIGN.ma_ppo):
         sys.exit("--configs needs an MA-PPO configuration (e.g. fixed5)")
     args.workers = args.workers or (4 if args.device == "cuda" else 1)
     import torch
@@ -131,7 +132,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(H.device_report())
     print(f"# {args.model}, {args.tokens} response tokens, tasks {args.tasks}, configurations {args.configs}, "
-          f"{args.steps} steps x {study.RESPONSES_PER_STEP} responses, lr {args.lr:g} (untuned), up to {args.seeds} seeds "
+          f"{args.steps} steps x {DESIGN.responses_per_step} responses, lr {args.lr:g} (untuned), up to {args.seeds} seeds "
           f"in {args.budget:.0f} s, {args.workers} worker(s), {args.dtype} on {args.device}")  # fmt: skip
     started = time.perf_counter()
     results = run_within_budget(plan(args), args, args.out / "runs.log")
@@ -156,7 +157,7 @@ def main() -> None:
         "tasks": {task: {c: {k: v for k, v in asdict(s).items() if k != "tuning_score"} for c, s in table.items()}
                   for task, table in summaries.items()},
     })  # fmt: skip
-    study.plot(summaries, mode, args.out / "credit_scale.png")
+    study.plot(summaries, DESIGN, args.out / "credit_scale.png", mode)
     print(f"# wrote {args.out / 'credit_scale.json'} and {args.out / 'credit_scale.png'}")
 
 

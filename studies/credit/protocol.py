@@ -4,8 +4,9 @@ The code takes every design choice from here (tasks, arms, grids, seeds, thresho
 decision rule), so the text of PROTOCOL.md and the runs cannot drift apart without the
 report noticing: every saved run records :func:`Protocol.digest` of the mode it ran under.
 
-Two editions share this code. The second (``credit_study/protocol.yaml``) budgets runs in
-steps and picks by mean score. The third (``credit_study/third/protocol.yaml``) budgets them
+Two editions share this code (the first, which predates protocol files, reads its own in
+``first.py``). The second (``second/protocol.yaml``) budgets runs in
+steps and picks by mean score. The third (``third/protocol.yaml``) budgets them
 in generated tokens (an arm runs as many steps as its tokens per step allow), fixes the
 critic's rate by its explained variance, picks rates and arms by how many tuning runs reach
 the threshold, and applies Holm over every decided test; its comparisons may name an arm as
@@ -22,8 +23,9 @@ from pathlib import Path
 
 import yaml
 
-PROTOCOL_FILE = Path(__file__).resolve().parents[1] / "credit_study" / "protocol.yaml"  # the second edition
-PROTOCOL_FILES = {2: PROTOCOL_FILE, 3: PROTOCOL_FILE.parent / "third" / "protocol.yaml"}
+HERE = Path(__file__).resolve().parent  # each edition's folder: its protocol and its records
+PROTOCOL_FILES = {1: HERE / "first" / "protocol.yaml", 2: HERE / "second" / "protocol.yaml", 3: HERE / "third" / "protocol.yaml"}
+PROTOCOL_FILE = PROTOCOL_FILES[2]
 AXES = ("steps", "responses", "tokens")
 AXIS_LABELS = {"steps": "PPO steps", "responses": "responses generated", "tokens": "tokens generated"}
 

@@ -1,13 +1,12 @@
-"""The second credit study's statistics and rules (benchmarks/credit2/) against references:
+"""The second credit study's statistics and rules (studies/credit/) against references:
 Kaplan-Meier against a brute-force product-limit loop, the restricted mean against its
 definition, Holm against the step-down formula, exact intervals against beta quantiles, the
 power figures against known values, and the tuning, extension and calibration rules on
-synthetic runs (no training here: tests/test_credit2_study.py runs the script end to end)."""
+synthetic runs (no training here: tests/test_credit_second_study.py runs the study end to end)."""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from credit2 import analysis as A  # noqa: E402
-from credit2 import power as P  # noqa: E402
-from credit2 import survival as S  # noqa: E402
-from credit2 import tuning as T  # noqa: E402
-from credit2.protocol import load  # noqa: E402
-from credit2.study import plan_task, tune_rung  # noqa: E402
+from studies.credit import analysis as A
+from studies.credit import power as P
+from studies.credit import survival as S
+from studies.credit import tuning as T
+from studies.credit.protocol import load
+from studies.credit.study import plan_task, tune_rung
 
 
 def _reference_km(times, events):
@@ -248,7 +245,7 @@ def test_protocol_reads_both_modes_and_its_digest_follows_its_content(tmp_path):
     assert full.digest() != quick.digest() and full.digest() == load("full").digest()
     assert set(full.families) == {a.family for a in full.arms.values()}
     assert len(full.tuning.seeds) >= 3 and full.decided_seeds >= 20 and full.other_seeds >= 5
-    text = (Path(__file__).resolve().parents[1] / "benchmarks" / "credit_study" / "protocol.yaml").read_text()
+    text = (Path(__file__).resolve().parents[1] / "studies" / "credit" / "second" / "protocol.yaml").read_text()
     changed = tmp_path / "protocol.yaml"
     changed.write_text(text.replace("threshold: 0.8", "threshold: 0.7"))
     assert load("full", changed).digest() != full.digest()
@@ -259,8 +256,8 @@ def test_protocol_reads_both_modes_and_its_digest_follows_its_content(tmp_path):
 @pytest.mark.parametrize("edition", [2, 3])
 def test_every_arm_resolves_to_a_stage_configuration(tmp_path, edition):
     """The protocol's flags are the stage's own options (a typo would fail only hours in)."""
-    import _harness as H
-    from credit2.protocol import PROTOCOL_FILES
+    from studies.credit.protocol import PROTOCOL_FILES
+    from studies.credit.runs import H
 
     protocol = load("full", PROTOCOL_FILES[edition])
     for name, arm in protocol.arms.items():
@@ -271,7 +268,7 @@ def test_every_arm_resolves_to_a_stage_configuration(tmp_path, edition):
 
 
 def test_the_cost_projection_counts_runs_as_the_protocol_does():
-    from credit2.estimate import project, timing_jobs
+    from studies.credit.estimate import project, timing_jobs
 
     protocol = _protocol()
     jobs = timing_jobs(protocol)
@@ -288,8 +285,8 @@ def test_the_cost_projection_counts_runs_as_the_protocol_does():
 def test_runs_come_back_in_the_jobs_order_though_the_mc_runs_start_first(tmp_path):
     """The power simulation draws from the records in order: a study that trains its runs and
     one that only reads them must hand the analysis the same order, or their reports differ."""
-    from credit2.runs import job_path, make_job, run_jobs, saved
     from marlhf_cli.artifacts import write_json
+    from studies.credit.runs import job_path, make_job, run_jobs, saved
 
     protocol = _protocol()
     jobs = [make_job(protocol, "target", arm, 0.06, seed, 40) for arm in ("rloo", "mc-fixed5", "fixed5") for seed in (1000, 1001)]

@@ -1,28 +1,23 @@
-"""The third credit study's rules (benchmarks/credit2/ with credit_study/third/protocol.yaml)
+"""The third credit study's rules (studies/credit/ with third/protocol.yaml)
 on synthetic runs: token budgets (a smaller budget is the longer run cut), the critic's rate by
 explained variance, rates and arms picked by reach with ties to the lower rate, calibration
 over token budgets until every family's best reaches, Holm over every decided test, and the
 rule for --value-function's default. The end-to-end run through the PPO stage, and the
-bit-for-bit rerun of saved records, are in tests/test_credit3_study.py."""
+bit-for-bit rerun of saved records, are in tests/test_credit_third_study.py."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from credit2 import analysis as A  # noqa: E402
-from credit2 import survival as S  # noqa: E402
-from credit2 import tuning as T  # noqa: E402
-from credit2.protocol import PROTOCOL_FILES, load  # noqa: E402
-from credit2.runs import make_job, tokens_per_step  # noqa: E402
-from credit2.study import plan_task  # noqa: E402
+from studies.credit import analysis as A
+from studies.credit import survival as S
+from studies.credit import tuning as T
+from studies.credit.protocol import PROTOCOL_FILES, load
+from studies.credit.runs import make_job, tokens_per_step
+from studies.credit.study import plan_task
 
 AXES = ("steps", "responses", "tokens")
 
