@@ -159,3 +159,12 @@ def test_holm_runs_over_every_decided_test_and_the_default_follows_the_rule():
     assert "stays the paper's `equal`" in line and "fixed5-first vs fixed5: sooner on 1 task(s) (units)" in line
     sentence = A.sentences(protocol, results, partial=False)[2]
     assert sentence.startswith("MA-PPO (a) against token PPO (b): needed fewer generated tokens")
+
+
+def test_the_report_tells_machines_apart_by_their_flags():
+    """Two CPUs of one model can differ in vector units, hence in rounding: the third edition's
+    machines line counts runs per model and flags (the second edition's records have no flags)."""
+    from studies.credit.report import machine
+
+    assert machine({"cpu": "AMD EPYC"}) == "AMD EPYC"
+    assert machine({"cpu": "AMD EPYC", "provenance": {"cpu": {"model": "AMD EPYC", "flags": ["avx2", "fma"]}}}) == "AMD EPYC (avx2, fma)"

@@ -17,6 +17,7 @@ from .analysis import ArmResult
 from .protocol import AXES, AXIS_LABELS, Protocol
 from .survival import kaplan_meier
 
+EDITIONS = {2: "second", 3: "third"}
 FAMILY_COLOURS = {"token-ppo": "C0", "ma-ppo": "C3", "critic-free": "C2", "mc": "C4"}
 
 
@@ -51,7 +52,7 @@ def kaplan_meier_figure(protocol: Protocol, tasks: dict[str, tuple[dict[str, Arm
             ax.grid(alpha=0.3)
             if axis == "steps":
                 ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"credit-assignment study, second edition ({protocol.mode}): 1 - Kaplan-Meier; thick: family bests "
+    fig.suptitle(f"credit-assignment study, {EDITIONS[protocol.edition]} edition ({protocol.mode}): 1 - Kaplan-Meier; thick: family bests "
                  f"(runs reached/run), thin: the other arms; colour: family", fontsize=9)  # fmt: skip
     fig.tight_layout()
     from marlhf_cli.artifacts import write_figure
@@ -74,7 +75,7 @@ def restricted_mean_figure(protocol: Protocol, tasks: dict[str, tuple[dict[str, 
             ax.set_xlabel(f"restricted mean {AXIS_LABELS[axis]} to threshold (horizon {horizon[axis]:,.0f})")
             ax.set_title(f"{task}", fontsize=9)
             ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"credit-assignment study, second edition ({protocol.mode}): restricted mean cost to threshold, "
+    fig.suptitle(f"credit-assignment study, {EDITIONS[protocol.edition]} edition ({protocol.mode}): restricted mean cost to threshold, "
                  f"{protocol.confidence:.0%} bootstrap intervals; * family best", fontsize=9)  # fmt: skip
     fig.tight_layout()
     from marlhf_cli.artifacts import write_figure

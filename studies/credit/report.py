@@ -158,9 +158,16 @@ def tuning_records(protocol: Protocol, plan: TaskPlan) -> list[dict]:
     return [r for rung in plan.rungs for r in rung.records]
 
 
+def machine(record: dict) -> str:
+    """The CPU a run ran on: its model, with its vector flags where the record has them (from
+    the third edition on): two CPUs of one model can differ in them, and so in rounding."""
+    flags = record.get("provenance", {}).get("cpu", {}).get("flags")
+    return f"{record.get('cpu', '?')} ({', '.join(flags)})" if flags else record.get("cpu", "?")
+
+
 def machines(protocol: Protocol, plans: list[TaskPlan]) -> str:
-    cpus = Counter(r.get("cpu", "?") for p in plans for r in tuning_records(protocol, p) + (p.critic.records if p.critic else []))
-    cpus.update(r.get("cpu", "?") for p in plans for r in p.reported)
+    cpus = Counter(machine(r) for p in plans for r in tuning_records(protocol, p) + (p.critic.records if p.critic else []))
+    cpus.update(machine(r) for p in plans for r in p.reported)
     return "; ".join(f"{cpu}: {n} runs" for cpu, n in cpus.most_common())
 
 
