@@ -1,4 +1,4 @@
-"""The credit-assignment study: does MA-PPO beat well-tuned token PPO, and the critic-free baselines?
+"""The credit-assignment study, first edition: does MA-PPO beat well-tuned token PPO, and the critic-free baselines?
 
     python -m studies.credit --edition 1 [--quick] [--workers 2] [--tasks target,pairs,prefix]
                                          [--configs ...] [--report-only]
