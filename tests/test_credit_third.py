@@ -168,3 +168,30 @@ def test_the_report_tells_machines_apart_by_their_flags():
 
     assert machine({"cpu": "AMD EPYC"}) == "AMD EPYC"
     assert machine({"cpu": "AMD EPYC", "provenance": {"cpu": {"model": "AMD EPYC", "flags": ["avx2", "fma"]}}}) == "AMD EPYC (avx2, fma)"
+
+
+def test_the_segment_values_arms_are_also_compared_at_each_rate_they_share():
+    """The exploratory same-rate table: for the comparisons of two named arms (sigma alone
+    differs), every rate both grids hold, from the tuning runs cut to the task's budget; a
+    family comparison (MA-PPO against token PPO) has no such rows."""
+    protocol = _protocol()
+
+    def curve(job):  # `first` learns at step 3 at every rate, `equal` at step 13 at 0.06 and never elsewhere
+        if job["arm"].endswith("-first"):
+            start = 3
+        elif job["arm"] in ("fixed5", "ppl") and job["lr"] == 0.06:
+            start = 13
+        else:
+            start = job["steps"]
+        return [0.1] * start + [1.0] * (job["steps"] - start)
+
+    plan = plan_task(protocol, "target", _fake_runner(curve))
+    rows = A.same_rate(protocol, plan)
+    assert {r.name for r in rows} == {"fixed5-first vs fixed5", "ppl-first vs ppl"}
+    fixed = {r.lr: r for r in rows if r.name == "fixed5-first vs fixed5"}
+    assert set(fixed) == set(plan.rung.grids["fixed5-first"]) & set(plan.rung.grids["fixed5"])
+    at = fixed[0.06]
+    assert (at.a.reached, at.b.reached, len(at.a)) == (8, 8, 8)
+    # every run reaches at its 7th or 17th step (5-step trailing mean): 7 x 256 against 17 x 256 tokens
+    assert at.ratio == pytest.approx(17 / 7) and at.logrank[0] > 0
+    assert fixed[0.03].b.reached == 0 and fixed[0.03].ratio > 1

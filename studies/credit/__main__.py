@@ -102,7 +102,7 @@ def main(argv=None) -> None:
         def runner(jobs, label):
             return run_jobs(jobs, root, args.workers, args.threads, label)
 
-    plans, finished, comparisons = [], {}, []
+    plans, finished, comparisons, same_rate = [], {}, [], []
     for task in tasks:  # task by task: a study stopped part-way has whole tasks to show
         plan = plan_task(protocol, task, runner)
         plans.append(plan)
@@ -117,10 +117,13 @@ def main(argv=None) -> None:
         report.print_arms(protocol, plan, arms, horizon)
         finished[task] = (arms, plan.decided_arms, horizon)
         comparisons += A.compare(protocol, plan, arms, horizon)
+        if protocol.edition >= 3:
+            same_rate += A.same_rate(protocol, plan)
 
     A.decide(protocol, comparisons)
     if comparisons:
         report.print_comparisons(protocol, comparisons)
+    report.print_same_rate(same_rate)
     if finished:
         for name, draw in (("kaplan_meier.png", plots.kaplan_meier_figure), ("restricted_means.png", plots.restricted_mean_figure)):
             draw(protocol, finished, root / name)

@@ -132,6 +132,43 @@ def compare(protocol: Protocol, plan: TaskPlan, arms: dict[str, ArmResult], hori
     return results
 
 
+@dataclass
+class SameRate:
+    """Exploratory (third edition): one compared pair of arms at one learning rate both ran in
+    tuning, on the tuning seeds at the task's budget; decides nothing."""
+
+    task: str
+    name: str
+    lr: float
+    a: S.Outcomes  # tokens to threshold
+    b: S.Outcomes
+    horizon: float
+    logrank: tuple[float, float]  # (z, p), uncorrected
+
+    @property
+    def ratio(self) -> float:
+        """Restricted mean tokens of B / of A: above 1, A needs fewer."""
+        return S.restricted_mean(self.b, self.horizon) / S.restricted_mean(self.a, self.horizon)
+
+
+def same_rate(protocol: Protocol, plan: TaskPlan) -> list[SameRate]:
+    """For each comparison of two named arms (the segment value's: the arms differ in sigma
+    alone), the two arms at every rate of the tuning grid they share, from the tuning runs cut
+    to the task's budget: whether a verdict follows the arm or the rate its pick landed on
+    (ties go to the lower rate, so two arms that reach equally often may be compared at
+    different rates). Not part of the protocol's decision."""
+    rung, out = plan.rung, []
+    horizon = min(float(S.cumulative_cost(r, "tokens")[-1]) for r in rung.records)
+    for c in protocol.comparisons:
+        if not (c.a in protocol.arms and c.b in protocol.arms):
+            continue
+        for lr in sorted(set(rung.grids[c.a]) & set(rung.grids[c.b])):
+            a, b = ([r for r in rung.records if r["arm"] == arm and r["lr"] == lr] for arm in (c.a, c.b))
+            oa, ob = (S.outcomes(runs, "tokens", protocol.threshold, protocol.window) for runs in (a, b))
+            out.append(SameRate(plan.task, c.name, lr, oa, ob, horizon, S.logrank(oa, ob)))
+    return out
+
+
 def decide(protocol: Protocol, comparisons: list[ComparisonResult]) -> None:
     """Holm over the tasks of each comparison (or, ``holm-all``, over every decided test) on
     the decision axis; each result's verdict."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .analysis import ArmResult, ComparisonResult
+from .analysis import ArmResult, ComparisonResult, SameRate
 from .protocol import AXES, Protocol, needed_reach
+from .survival import restricted_mean
 from .study import TaskPlan
 
 
@@ -122,6 +123,19 @@ def print_comparisons(protocol: Protocol, comparisons: list[ComparisonResult]) -
             print(f"    {axis:<10} log-rank z {z:+.2f}, p {p:.3g}; restricted-mean ratio {r[0]:.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
         power = ", ".join(f"{k} {v:.2f}" for k, v in c.power.items())
         print(f"    power at alpha/{protocol.tests()} with {c.a.runs} vs {c.b.runs} runs: {power}")
+
+
+def print_same_rate(rows: list[SameRate]) -> None:
+    """The exploratory same-rate table (third edition), after the decided comparisons."""
+    if not rows:
+        return
+    print("\n## the segment value's arms at equal rates (exploratory, decides nothing): the tuning runs cut to the task's "
+          "budget, tuning seeds only; tokens to threshold, restricted means up to the shortest run, uncorrected log-rank p; "
+          "ratio = restricted mean of B / of A, above 1: A needs fewer")  # fmt: skip
+    for r in rows:
+        a, b = (f"{o.reached}/{len(o)} reached, {restricted_mean(o, r.horizon):,.0f} tokens" for o in (r.a, r.b))
+        z, p = r.logrank
+        print(f"{r.task}: {r.name} at lr {r.lr:g}: A {a}; B {b}; ratio {r.ratio:.2f}x, log-rank z {z:+.2f}, p {p:.3g}")
 
 
 def deviations(protocol: Protocol, plans: list[TaskPlan]) -> list[str]:
