@@ -1,8 +1,8 @@
 """The study's figures, each on the three cost axes (steps, responses, generated tokens).
 
 * ``kaplan_meier.png``: per task (rows) and axis (columns), the share of runs that have
-  reached the threshold by a given cost, 1 - Kaplan-Meier survival; the family bests drawn
-  thick, the other arms thin in their family's colour.
+  reached the threshold by a given cost, 1 - Kaplan-Meier survival; the arms the comparisons
+  use drawn thick, the other arms thin, in their family's colour (``arm_style``).
 * ``restricted_means.png``: the restricted mean cost to threshold of every arm with its
   bootstrap interval, per task and axis (secondary: it depends on the horizon).
 """
@@ -19,6 +19,15 @@ from .survival import kaplan_meier
 
 EDITIONS = {2: "second", 3: "third"}
 FAMILY_COLOURS = {"token-ppo": "C0", "ma-ppo": "C3", "critic-free": "C2", "mc": "C4"}
+
+
+def arm_style(protocol: Protocol, name: str) -> tuple[str, str]:
+    """(colour, line style) of an arm: its family's colour (MA-PPO's ppl arms orange, so the
+    two rules differ), dashed for the segment value `first`, so that the arms the third
+    edition compares within MA-PPO can be told apart."""
+    arm = protocol.arms[name]
+    colour = "C1" if arm.family == "ma-ppo" and arm.flags.get("termination") == "ppl" else FAMILY_COLOURS.get(arm.family, "grey")
+    return colour, "--" if arm.flags.get("value_function") == "first" else "-"
 
 
 def _figure(rows: int):
@@ -41,8 +50,9 @@ def kaplan_meier_figure(protocol: Protocol, tasks: dict[str, tuple[dict[str, Arm
                 xs = np.concatenate([[0.0], times, [end]])
                 ys = 1.0 - np.concatenate([[1.0], survival, [survival[-1]]])
                 best = name in decided
-                ax.step(xs, ys, where="post", color=FAMILY_COLOURS.get(a.family, "grey"), linewidth=2.2 if best else 0.8,
-                        alpha=1.0 if best else 0.45, label=f"{name} ({a.reached}/{a.runs})" if best else None)  # fmt: skip
+                colour, style = arm_style(protocol, name)
+                ax.step(xs, ys, where="post", color=colour, linestyle=style, linewidth=2.2 if best else 0.8,
+                        alpha=1.0 if best else 0.45, label=f"{name}, lr {a.lr:g} ({a.reached}/{a.runs})" if best else None)  # fmt: skip
             if axis == "tokens":
                 ax.axvline(horizon["tokens"], color="grey", linestyle=":", linewidth=0.8)
             ax.set_ylim(-0.02, 1.02)
@@ -52,8 +62,8 @@ def kaplan_meier_figure(protocol: Protocol, tasks: dict[str, tuple[dict[str, Arm
             ax.grid(alpha=0.3)
             if axis == "steps":
                 ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"credit-assignment study, {EDITIONS[protocol.edition]} edition ({protocol.mode}): 1 - Kaplan-Meier; thick: family bests "
-                 f"(runs reached/run), thin: the other arms; colour: family", fontsize=9)  # fmt: skip
+    fig.suptitle(f"credit-assignment study, {EDITIONS[protocol.edition]} edition ({protocol.mode}): 1 - Kaplan-Meier; thick: the arms compared "
+                 f"(runs reached/run), thin: the other arms; colour: family (ppl orange), dashed: segment value `first`", fontsize=9)  # fmt: skip
     fig.tight_layout()
     from marlhf_cli.artifacts import write_figure
 
@@ -67,7 +77,7 @@ def restricted_mean_figure(protocol: Protocol, tasks: dict[str, tuple[dict[str, 
         for ax, axis in zip(row, AXES):
             for y, name in enumerate(names):
                 mean, low, high = arms[name].restricted[axis]
-                colour = FAMILY_COLOURS.get(arms[name].family, "grey")
+                colour = arm_style(protocol, name)[0]
                 ax.errorbar([mean], [y], xerr=[[mean - low], [high - mean]], fmt="o", color=colour,
                             markersize=6 if name in decided else 3, linewidth=1.6 if name in decided else 0.8)  # fmt: skip
             ax.set_yticks(range(len(names)), [f"{n}{' *' if n in decided else ''}" for n in names], fontsize=7)
