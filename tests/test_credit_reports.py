@@ -2,8 +2,9 @@
 report, printed again by the runner from its saved runs, holds every line of its committed raw
 output; the second edition's decided tests (Kaplan-Meier and log-rank from scipy, Holm), on
 its saved runs, give the z, p, restricted-mean ratios and adjusted p its committed report
-printed. (Its whole report, with 2,000 power simulations per comparison, takes minutes: the
-docs say how to print it.)"""
+printed; the third edition's 12 decided tests, Holm over all of them, and its rule's verdict
+on --value-function's default do too. (A whole report, with 2,000 power simulations per
+comparison, takes a minute or more: the docs say how to print it.)"""
 
 from __future__ import annotations
 
@@ -71,3 +72,42 @@ def test_the_second_editions_decided_tests_reproduce_its_committed_report():
             header = re.escape(f"{task}: {name}: {a} ({reached_a}/20) vs {b} ({reached_b}/20): ")
             assert re.search(header + rf"[^\n]*, adjusted p {re.escape(f'{adjusted:.3g}')}\n", report), (task, name)
     assert len(tests) == len(protocol.tasks) * len(protocol.comparisons)
+
+
+def test_the_third_editions_decision_reproduces_its_committed_report():
+    """The third edition's 12 decided tests (log-rank and restricted-mean ratio per axis, Holm
+    over all 12, the verdicts) and the rule's verdict on --value-function's default, from its
+    saved runs, are what its committed report printed; the default in the code follows it."""
+    from marlhf_cli.config import PPOConfig
+    from studies.credit import analysis as A
+    from studies.credit import survival as S
+    from studies.credit.protocol import AXES, PROTOCOL_FILES, load
+    from studies.credit.runs import saved
+    from studies.credit.study import plan_task
+
+    protocol = load("full", PROTOCOL_FILES[3])
+    report = (LOGS / "credit-study-reports-4.txt").read_text()
+    if f"protocol {protocol.digest()}" not in report:
+        pytest.skip("the committed report is of another protocol")
+    comparisons = []
+    for task in protocol.tasks:
+        plan = plan_task(protocol, task, lambda jobs, label: saved(STUDY / "third", jobs))
+        assert plan.reported_complete, task
+        arms, horizon = A.task_results(protocol, plan)
+        for c in protocol.comparisons:
+            a, b = (arms[plan.side_arm(protocol, side)] for side in (c.a, c.b))
+            ranks = {axis: S.logrank(a.outcomes[axis], b.outcomes[axis]) for axis in AXES}
+            ratios = {axis: (S.restricted_mean(b.outcomes[axis], horizon[axis]) / S.restricted_mean(a.outcomes[axis], horizon[axis]),) * 3
+                      for axis in AXES}  # fmt: skip
+            for axis in AXES:
+                z, p = ranks[axis]
+                assert f"    {axis:<10} log-rank z {z:+.2f}, p {p:.3g}; restricted-mean ratio {ratios[axis][0]:.2f}x [" in report, (task, c.name, axis)
+            comparisons.append(A.ComparisonResult(task, c.name, a, b, ranks, ratios))
+    assert len(comparisons) == protocol.tests() == 12
+    A.decide(protocol, comparisons)  # Holm over all 12
+    for c in comparisons:
+        header = f"{c.task}: {c.name}: {c.a.arm} ({c.a.reached}/{c.a.runs}) vs {c.b.arm} ({c.b.reached}/{c.b.runs}): {c.verdict}, adjusted p {c.adjusted:.3g}\n"
+        assert header in report, header
+    (verdict,) = A.default_value_function(protocol, comparisons, partial=False)
+    assert verdict in report
+    assert PPOConfig().value_function == ("first" if "becomes `first`" in verdict else "equal")

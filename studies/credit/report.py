@@ -152,7 +152,8 @@ def deviations(protocol: Protocol, plans: list[TaskPlan]) -> list[str]:
         if not rung.passed:
             out.append(f"{plan.task}: no budget of the ladder {list(protocol.ladder)} passed calibration; run at the last, "
                        f"{rung.steps} {protocol.unit}")  # fmt: skip
-        out += [f"{m} (the grid was not extended further)" for r in plan.rungs for m in r.limits]
+        # the third edition's rungs share their tuning runs, so the same limit can come from each rung
+        out += [f"{m} (the grid was not extended further)" for m in dict.fromkeys(m for r in plan.rungs for m in r.limits)]
         if not plan.reported_complete:
             expected = sum(len(protocol.reported_seeds(a in plan.decided_arms)) for a in protocol.arms)
             out.append(f"{plan.task}: {len(plan.reported)} of {expected} reported runs saved (partial result)")
