@@ -21,6 +21,7 @@ from .wording import count
 # tests/test_option_values.py keeps the two in step.
 RULES = ("fixed", "randomized", "ppl", "parsing", "code")
 VALUE_FUNCTIONS = ("equal", "unit", "position", "first")
+VALUE_HEAD_INITS = ("zero", "random", "reward-model")
 RATIO_MODES = ("token", "macro")
 PARSER_BACKENDS = ("auto", "spacy", "stanza")
 DTYPES = ("auto", "fp32", "bf16")
@@ -217,6 +218,9 @@ ACCEPTS: dict[str, Accepts] = {
     "ppo_epochs": POSITIVE,
     "actor_lr": at_least(0),
     "critic_lr": at_least(0),
+    "value_head_init": one_of(*VALUE_HEAD_INITS),
+    "critic_warmup_steps": at_least(0),
+    "critic_epochs": POSITIVE,
     "clip_range": above(0),
     "value_clip_range": above(0),
     "gamma": between(0, 1),

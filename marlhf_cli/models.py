@@ -276,16 +276,24 @@ def load_reward_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY
     Used for reward models and, since the critic starts from the reward model, for critics.
     From a causal LM the score head is new (random) and the backbone is reused.
     """
+    return load_score_model(name, dtype=dtype, seed=seed)[0]
+
+
+def load_score_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_SEED):
+    """``(model, trained)``: :func:`load_reward_model`'s model, and whether its score head was
+    read from the checkpoint (a reward model's trained head) rather than newly initialised
+    (a causal LM, a random-init alias, a head of another shape)."""
     from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
 
     _quiet_transformers()
     if random_arch(name) is not None:
         model = _random_init(LlamaForSequenceClassification, name, seed, num_labels=1)
-        return model.to(_dtype(dtype))
-    model = from_hub_or_path(
+        return model.to(_dtype(dtype)), False
+    model, loading = from_hub_or_path(
         AutoModelForSequenceClassification.from_pretrained, resolve_model_path(name), "reward model",
-        num_labels=1, dtype=_dtype(dtype),
+        num_labels=1, dtype=_dtype(dtype), output_loading_info=True,
     )  # fmt: skip
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(name).pad_token_id
-    return model
+    new = set(loading.get("missing_keys", ())) | {key[0] if isinstance(key, tuple) else key for key in loading.get("mismatched_keys", ())}
+    return model, not any(key == "score" or key.startswith("score.") for key in new)

@@ -68,6 +68,8 @@ def test_two_steps_of_every_rule_and_value_function(tmp_path, overrides, name):
         assert 1 <= row["segment_length"] <= row["response_length"]
         assert row["kl_k3"] >= 0  # the table's KL: the k3 estimate, never negative (k1 may be)
         assert row["explained_variance"] <= 1  # the critic's fit to its targets (NaN never: they vary)
+        assert row["explained_variance_pooled"] <= 1  # the same over the last 10 steps' tokens
+    assert train[0]["explained_variance"] == 0.0  # a zero value head: the constant 0 at step 1
     if name == "vanilla":
         assert all(r["segment_length"] == 1 for r in train)
     if name == "fixed-inf":
@@ -79,7 +81,7 @@ def test_two_steps_of_every_rule_and_value_function(tmp_path, overrides, name):
     samples = read_jsonl(run / "samples" / f"{name}.jsonl")
     assert len(samples) == 2 and set(samples[0]) >= {"prompt", "response", "score", "length"}
     assert (run / "ppo" / name / "config.json").is_file() and (run / "ppo" / name / "critic" / "config.json").is_file()
-    for metric in ("score", "kl"):
+    for metric in ("score", "kl", "explained_variance_pooled"):
         assert (run / "plots" / f"ppo-{name}-{metric}.png").stat().st_size > 1000
     assert list((run / "tb" / f"ppo-{name}").iterdir())
     manifest = json.loads((run / "run.json").read_text())
@@ -136,12 +138,15 @@ def test_cli_with_cpu_tiny_preset_prints_the_final_table_and_compare_draws_runs(
     assert first.exit_code == 0, first.output
     assert "final evaluation" in first.output and "fixed5" in first.output
     assert "MA-PPO" in first.output
+    assert "critic from tiny with a zero value head" in first.output  # a random-init model has no trained head
+    assert "critic" in first.output.split("final evaluation")[1] and " EV " in first.output  # the fit's column
     # the demo says nothing it need not: no template on plain-text data, no shortfall of its own eval prompts
     assert "chat template" not in first.output and "the eval split has" not in first.output
     assert [f"eval at step {s}:" in first.output for s in (0, 1, 2)] == [True] * 3  # one line per evaluation
-    second = runner.invoke(app, [*base, "--termination", "fixed", "--n", "1"])
+    second = runner.invoke(app, [*base, "--termination", "fixed", "--n", "1", "--critic-warmup-steps", "1"])
     assert second.exit_code == 0, second.output
     assert "vanilla PPO" in second.output
+    assert "(the first 1 step train it alone)" in second.output and "critic warm-up: steps 1-1 trained the critic alone" in second.output
     compared = runner.invoke(app, ["ppo", "--compare", "fixed5", "vanilla", "--run-dir", str(tmp_path)])
     assert compared.exit_code == 0, compared.output
     assert (tmp_path / "plots" / "ppo-compare-fixed5-vanilla.png").stat().st_size > 1000

@@ -82,12 +82,13 @@ def reseed(seed: int, step: int) -> None:
     torch.manual_seed(derived_seed(seed, step, eng.rank(), "extend"))
 
 
-def line(what: str, extension: Extension, config: Any, *, rate: float, lr: float, per_step: int = 1) -> str:
+def line(what: str, extension: Extension, config: Any, *, rate: float, lr: float, done: int | None = None) -> str:
     """The start-up line: what the extension starts from and how its schedule differs.
     ``rate``: the schedule's rate at the extension's first step; ``lr`` the peak rate;
-    ``per_step``: optimizer steps per step of the run (ppo's epochs x mini-batches)."""
+    ``done``: the optimizer steps the finished run made (ppo's: epochs x mini-batches per
+    step after the critic's warm-up), by default one per step."""
     k, n = extension.finished, extension.steps
-    total = k * per_step
+    total = k if done is None else done
     ended = lr * eng.WarmupDecay(total, round(config.warmup_ratio * total), config.lr_scheduler)(total - 1)
     exports = ", ".join(str(e) for e in extension.exports)
     return (

@@ -140,6 +140,9 @@ def run_job(job: dict) -> dict:
 
     flags, stage = dict(job["flags"]), dict(job["stage"])
     model = stage.pop("model", "tiny")
+    # the first three editions ran before --value-head-init existed: their critics started from
+    # the random head that the default now replaces with zeros (their records re-execute bit for bit)
+    stage.setdefault("value_head_init", "random")
     group = flags.get("samples_per_prompt", 1)
     work = Path(tempfile.mkdtemp(prefix="marlhf-credit-run-"))
     try:
@@ -161,6 +164,7 @@ def run_job(job: dict) -> dict:
         "responses": [row["responses"] for row in rows],
         "generated_tokens": [row["generated_tokens"] for row in rows],
         "explained_variance": [row.get("explained_variance") for row in rows],  # None without a critic
+        "explained_variance_pooled": [row.get("explained_variance_pooled") for row in rows],  # the last 10 steps'
         # rloo and grpo log none (one advantage per response): a response is their one segment
         "segment_length": statistics.mean(row.get("segment_length", row["response_length"]) for row in rows),
         "step_time": statistics.median(row["step_time"] for row in rows),

@@ -62,7 +62,7 @@ from ...seeding import derived_seed
 from ...wording import count
 from .. import common
 from ..monitor import Monitor
-from . import compiled_sampling, credit, stopping
+from . import compiled_sampling, credit, critic_fit, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs, mc_cost
@@ -125,6 +125,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     # Algorithm 1's outer loop: one PPO step per iteration, held-out evaluation and resume
     # checkpoints on their schedules
     monitor = Monitor(run_dir, f"{STAGE}-{name}", total_steps=config.max_steps, start_step=start, enabled=eng.is_main())
+    # the critic's fit pooled over its last steps (critic_fit.py), carried across a resume
+    fit = critic_fit.last_window(artifacts.read_jsonl(monitor.path) if start and monitor.path.is_file() else [])
     last: dict[str, float] = {}
     rows: list[dict] = []  # the latest evaluation's samples
     durations: list[float] = []
@@ -137,6 +139,9 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
             monitor.log(start, scores, "eval")
         for step in range(start, config.max_steps):
             last = ppo_step(ctx, step)
+            if not ctx.critic_free:
+                fit = (fit + [last])[-critic_fit.FIT_WINDOW :]
+                last["explained_variance_pooled"] = critic_fit.pooled_explained_variance(fit)
             completed = done = step + 1
             durations.append(last["step_time"])
             monitor.log(done, last, "train")
@@ -217,10 +222,12 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     credit_seconds = time.perf_counter() - credited
 
     # 6. PPO epochs over minibatches: clipped policy loss (actor), clipped value loss (critic;
-    # grpo and mc add beta * KL to the policy loss instead of the KL penalty in the reward)
+    # grpo and mc add beta * KL to the policy loss instead of the KL penalty in the reward).
+    # The critic's warm-up steps (--critic-warmup-steps) train the critic alone.
     trained = time.perf_counter()
+    warming = step < config.critic_warmup_steps and models.critic is not None
     generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
-    update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator)
+    update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator, train_actor=not warming)
     training_seconds = time.perf_counter() - trained
 
     timings = {
@@ -237,6 +244,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
     metrics["generation_captures"] = float(compiled_sampling.captures(sampler))  # flat after the first steps
     metrics["actor_lr"] = eng.current_lr(models.actor)
+    if warming:  # reported apart: the actor did not move at this step
+        metrics["critic_warmup"] = 1.0
     if models.critic is not None:
         metrics["critic_lr"] = eng.current_lr(models.critic)
     return metrics
@@ -276,9 +285,12 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
         f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(responses_per_step(config), 'response')}" if k > 1
         else count(config.rollout_batch_size, "response")
     )  # fmt: skip
+    critic = "" if ctx.critic_free else ", " + (
+        value_head.describe(models.value_head, reward_model) if models.value_head else f"critic from {reward_model}"
+    ) + (f" (the first {count(config.critic_warmup_steps, 'step')} train it alone)" if config.critic_warmup_steps else "")
     common.say(
         f"policy {policy}, reward {models.reward.name}"
-        + ("" if ctx.critic_free else f", critic from {reward_model}")
+        + critic
         + f", {count(len(prompts.records), 'prompt')}, {count(config.max_steps, 'step')} of {per_step}, {count(eng.world_size(), 'process')}"
         + (f", resuming at step {start}" if start else "")
     )
@@ -327,7 +339,12 @@ def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list
     metrics = final_metrics(last, history, durations, start)
     if rows:
         artifacts.write_jsonl(run_dir.samples_path(name), rows)
-    for metric, label in (("score", "score"), ("kl", "KL, k1 estimate (unbiased; a step's mean may dip below 0)"), ("reward", "reward")):
+    plotted = [("score", "score"), ("kl", "KL, k1 estimate (unbiased; a step's mean may dip below 0)"), ("reward", "reward")]
+    if "explained_variance_pooled" in last:
+        plotted.append(("explained_variance_pooled", f"critic's explained variance, last {critic_fit.FIT_WINDOW} steps pooled"))
+    for metric, label in plotted:
         monitor.plot(metric, title=f"ppo {name}: {label}", xlabel="PPO step")
     report.print_final_table(name, history, metrics)
+    for line in report.critic_lines(history):
+        common.say(line)
     return metrics

@@ -62,11 +62,11 @@ def extend(ctx: Any, root: Path, expected: dict, extension: extending.Extension,
     found = latest_common(root, critic=ctx.models.critic is not None)
     for note in checkpoints.check_fingerprint(found[0], expected, ctx.config, lengthen=True):
         common.say(note)
-    per_step = optimizer_steps(ctx.config) // ctx.config.max_steps
-    rate = extending.continue_schedule(ctx.models.actor, extension.finished * per_step)
+    done = optimizer_steps(ctx.config, "actor", extension.finished)  # none in the critic's warm-up
+    rate = extending.continue_schedule(ctx.models.actor, done)
     if ctx.models.critic is not None:
-        extending.continue_schedule(ctx.models.critic, extension.finished * per_step)
-    common.say(extending.line(f"ppo/{name}", extension, ctx.config, rate=rate, lr=ctx.config.actor_lr, per_step=per_step))
+        extending.continue_schedule(ctx.models.critic, optimizer_steps(ctx.config, "critic", extension.finished))
+    common.say(extending.line(f"ppo/{name}", extension, ctx.config, rate=rate, lr=ctx.config.actor_lr, done=done))
     return extension.finished
 
 

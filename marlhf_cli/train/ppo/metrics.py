@@ -8,6 +8,7 @@ import torch
 
 from ... import engine as eng
 from ...macro import kl_per_token
+from .critic_fit import VARIES
 
 
 def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str, float]) -> dict[str, float]:
@@ -67,6 +68,8 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
     }
     if experience.returns is not None:
         out["explained_variance"] = explained_variance(total)
+        # with "return" and "value" (the means), what a window of steps pools (pooled_explained_variance)
+        out["return_variance"], out["residual_variance"] = _variances(total)
     for key, value in total.items():
         if key.startswith("part:"):  # one of several --reward's raw score, unweighted
             out["score_" + key.split(":", 1)[1]] = value / samples
@@ -89,15 +92,21 @@ def _fit_sums(returns, values, mask) -> dict[str, float]:
             "fit:residual": float(residual.sum()), "fit:residual2": float((residual**2).sum())}  # fmt: skip
 
 
+def _variances(total: dict[str, float]) -> tuple[float, float]:
+    """The variances over the step's real tokens of the critic's targets and of its residuals."""
+    n = max(total["response_tokens"], 1.0)
+    target = total["fit:target2"] / n - (total["fit:target"] / n) ** 2
+    residual = total["fit:residual2"] / n - (total["fit:residual"] / n) ** 2
+    return target, residual
+
+
 def explained_variance(total: dict[str, float]) -> float:
     """1 - Var(target - value) / Var(target) over the step's real tokens: how much of its
     targets' variance the critic's values account for (1 a perfect fit, 0 no better than
     their mean, below 0 worse). The targets are the returns the value loss regresses on,
     the segment's Q_k on each of its tokens under macro actions. NaN when the targets do not vary."""
-    n = max(total["response_tokens"], 1.0)
-    variance = total["fit:target2"] / n - (total["fit:target"] / n) ** 2
-    residual = total["fit:residual2"] / n - (total["fit:residual"] / n) ** 2
-    return 1.0 - residual / variance if variance > 1e-12 else float("nan")
+    variance, residual = _variances(total)
+    return 1.0 - residual / variance if variance > VARIES else float("nan")
 
 
 def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -111,8 +120,8 @@ def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
-    keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "explained_variance", "parse_fallbacks",
-            "generation_captures")
+    keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "explained_variance",
+            "explained_variance_pooled", "parse_fallbacks", "generation_captures")
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
     metrics |= {k: v for k, v in last.items() if k.startswith("score_")}  # several --reward: each one's
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))

@@ -11,6 +11,7 @@ from ... import engine as eng, lora
 from .. import common, extending
 from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
+from . import value_head
 from .generation import GenerationModel
 from .rewards import RewardFn, RewardModelReward, WeightedRewards
 from .settings import is_critic_free, make_rewards, micro_batch, optimizer_steps, reward_weights, run_name
@@ -28,6 +29,9 @@ class Models:
     # with LoRA: how the actor and the critic export (merged weights and adapter/); None: as they are
     actor_save: Callable | None = None
     critic_save: Callable | None = None
+    # --value-head-init as resolved (value_head.INITS); None: no critic, or one that continues
+    # an earlier run's (an extension)
+    value_head: str | None = None
 
 
 def build_models(config, policy: str, reward_model: str, rewards: RewardFn | list | None, extension: extending.Extension | None = None) -> Models:
@@ -47,7 +51,7 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
     reward model, the reward model is the critic with its adapter off (the critic starts from
     it): two models' weights instead of four (marlhf_cli/lora.py).
     """
-    from ...models import load_causal_lm, load_reward_model, load_tokenizer
+    from ...models import load_causal_lm, load_reward_model, load_score_model, load_tokenizer
 
     tokenizer = load_tokenizer(policy, padding_side="left")
     dtype = config.dtype
@@ -57,7 +61,11 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
     whole_start = extension is not None and not adapted  # no adapters: the exported weights themselves
     actor_model = load_causal_lm(actor_start if whole_start else policy, dtype=dtype)
     reference = None if adapted else load_causal_lm(policy, dtype=dtype)
-    critic_model = None if is_critic_free(config) else load_reward_model(critic_start if whole_start else reward_model, dtype=dtype)
+    critic_model, head = None, None
+    if not is_critic_free(config):
+        critic_model, trained = load_score_model(critic_start if whole_start else reward_model, dtype=dtype)
+        if extension is None:  # an extension's critic goes on from the finished run's
+            head = value_head.resolve(config.value_head_init, trained, reward_model)
     for model in (actor_model, reference, critic_model):
         if model is not None:
             disable_dropout(model)
@@ -77,12 +85,16 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
                 extending.start_adapters(critic_model, critic_start)
             common.say("critic: " + lora.trainable_summary(critic_model))
             saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{run_name(config)} critic")
-    total = optimizer_steps(config)
-    actor = eng.build_engine(actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=total)
+    if head is not None:  # after LoRA: only the critic's trained copy of the head, not the reward's
+        value_head.start(critic_model, head, trained=trained, seed=config.seed)
+    actor = eng.build_engine(
+        actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=optimizer_steps(config, "actor")
+    )
     critic = None
     if critic_model is not None:
         critic = eng.build_engine(
-            TokenValues(critic_model), config, lr=config.critic_lr, batch_size=config.mini_batch_size, total_steps=total
+            TokenValues(critic_model), config, lr=config.critic_lr, batch_size=config.mini_batch_size,
+            total_steps=optimizer_steps(config, "critic"),
         )
     device = actor.device
     if adapted:
@@ -115,7 +127,7 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
         disable_dropout(model)
         return lora.add_adapters(model, config, task="causal") if adapted else model
 
-    return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy), **saves)
+    return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy), **saves, value_head=head)
 
 
 class BaseModelReward(RewardModelReward):

@@ -7,6 +7,7 @@ resumed run's table covers its whole history.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Sequence
@@ -14,6 +15,7 @@ from typing import Sequence
 from ... import artifacts
 from ...artifacts import RunDir
 from ...errors import UserError
+from .critic_fit import FIT_WINDOW, advice, last_window, pooled_explained_variance
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -48,7 +50,33 @@ def summary_row(name: str, rows: list[dict]) -> dict:
         "segment_length": _train_mean(rows, "segment_length"),
         "seconds_per_step": _train_mean(rows, "step_time", last=10**9),
         "generated_tokens": _generated_so_far(rows, steps),
+        "critic_fit": _critic_fit(rows),
     }
+
+
+def _critic_fit(rows: list[dict]) -> float | None:
+    """The critic's explained variance over the last steps, pooled; None without a critic
+    (or for metrics written before the pooled figure existed)."""
+    window = last_window(rows)
+    pooled = pooled_explained_variance(window)
+    return None if math.isnan(pooled) else pooled
+
+
+def critic_lines(rows: list[dict]) -> list[str]:
+    """What the end of a run with a critic says about its fit: its warm-up, if it had one,
+    and what to try when the critic explained nothing over its last steps."""
+    train = [row for row in rows if row.get("split") == "train"]
+    if not any("return_variance" in row for row in train):
+        return []
+    lines = []
+    warmup = [row for row in train if row.get("critic_warmup")]
+    if warmup:
+        at_end = pooled_explained_variance(last_window(train, warmup[-1]["step"]))
+        lines.append(f"critic warm-up: steps 1-{warmup[-1]['step']} trained the critic alone; its explained variance "
+                     f"(last {FIT_WINDOW} steps pooled) was {at_end:.3f} when the actor started")  # fmt: skip
+    window = last_window(train)
+    line = advice(pooled_explained_variance(window), len(window))
+    return lines + ([line] if line else [])
 
 
 def _generated_so_far(rows: list[dict], step: int) -> float | None:
@@ -70,18 +98,20 @@ def _table(title: str, summaries: Sequence[dict]):
     # eval: mean held-out score before training and at the end; KL and segment length: mean
     # of the last 5 training steps
     table.add_column("run", overflow="fold", min_width=10)
-    for label in ("steps", "gen\ntokens", "eval\nstart", "eval\nend", "eval\nlength", "KL", "seg\nlen", "s/step"):
+    for label in ("steps", "gen\ntokens", "eval\nstart", "eval\nend", "eval\nlength", "KL", "seg\nlen", "critic\nEV", "s/step"):
         table.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
         generated = None if s["generated_tokens"] is None else f"{s['generated_tokens']:,.0f}"
         table.add_row(
             s["run"], str(s["steps"]), _fmt(generated), _fmt(s["eval_start"]), _fmt(s["eval_end"]),
-            _fmt(s["eval_length"], 1), _fmt(s["kl"]), _fmt(s["segment_length"], 2), _fmt(s["seconds_per_step"], 2),
+            _fmt(s["eval_length"], 1), _fmt(s["kl"]), _fmt(s["segment_length"], 2), _fmt(s["critic_fit"], 2),
+            _fmt(s["seconds_per_step"], 2),
         )  # fmt: skip
     table.caption = (
         "gen tokens: sampled in training (responses + mc's continuations); eval: mean held-out score; "
         "eval length: eval response tokens; KL: KL(policy || reference) per response, the k3 estimate "
-        "(unbiased, never negative; metrics' kl is k1); KL, seg len: last 5 steps"
+        "(unbiased, never negative; metrics' kl is k1); KL, seg len: last 5 steps; critic EV: the critic's "
+        f"explained variance over the last {FIT_WINDOW} steps pooled (1 a perfect fit, <= 0 no better than a constant)"
     )
     return table
 

@@ -169,6 +169,11 @@ def check_options(config) -> None:
             f"the {count(responses_per_step(config), 'response')} of a step (--rollout-batch-size {config.rollout_batch_size} x "
             f"--samples-per-prompt {k}) must be a multiple of --mini-batch-size {config.mini_batch_size}"
         )
+    if config.critic_warmup_steps and config.critic_warmup_steps >= config.max_steps and not is_critic_free(config):
+        raise UserError(
+            f"--critic-warmup-steps {config.critic_warmup_steps} leaves no step that trains the actor: "
+            f"it must be less than --max-steps {config.max_steps}"
+        )
     if config.rollout_batch_size % processes:
         raise UserError(f"--rollout-batch-size {config.rollout_batch_size} must be a multiple of the {processes} processes")
     eng.micro_batch_size(config.mini_batch_size, config.gradient_accumulation_steps, processes)
@@ -187,9 +192,16 @@ def responses_per_step(config) -> int:
 
 
 
-def optimizer_steps(config) -> int:
-    """Optimizer steps per engine over the run (for the learning-rate schedule)."""
-    return config.max_steps * config.ppo_epochs * (responses_per_step(config) // config.mini_batch_size)
+def optimizer_steps(config, engine: str = "actor", steps: int | None = None) -> int:
+    """Optimizer steps the ``engine`` (actor or critic) makes in the run's first ``steps`` steps
+    (default: all of them; the length of its learning-rate schedule): the actor makes none
+    during the critic's warm-up, the critic makes --critic-epochs passes per step."""
+    steps = config.max_steps if steps is None else steps
+    if engine == "actor":
+        steps, epochs = max(steps - config.critic_warmup_steps, 0), config.ppo_epochs
+    else:
+        epochs = config.critic_epochs or config.ppo_epochs
+    return steps * epochs * (responses_per_step(config) // config.mini_batch_size)
 
 
 def micro_batch(config) -> int:

@@ -13,7 +13,11 @@ aggregated over its own real tokens by ``loss_aggregation`` (docs/method.md "Los
 aggregation": a token mean by default; with one micro-batch per minibatch, over the
 minibatch's tokens); the critic's loss is a token mean.
 
-Critic-free runs (rloo, grpo) pass ``critic=None``: only the actor is trained. GRPO sets
+Critic-free runs (rloo, grpo) pass ``critic=None``: only the actor is trained; the critic's
+warm-up (``--critic-warmup-steps``) passes ``train_actor=False``: only the critic is. The
+critic makes ``critic_epochs`` passes over the batch, the actor ``epochs``; while both train,
+a minibatch updates the actor and then the critic, so with equal epochs the critic sees the
+same minibatches in the same order as when it had no epochs of its own. GRPO sets
 ``kl_loss_coef`` (beta): the loss becomes the clipped surrogate plus beta times the k3 KL to
 the reference, both token means over the micro-batch's real tokens.
 """
@@ -32,6 +36,7 @@ from ..forward import critic_values, policy_forward
 @dataclass
 class UpdateSettings:
     epochs: int = 1
+    critic_epochs: int | None = None  # None: epochs
     mini_batch_size: int = 32  # per process
     micro_batch_size: int = 32  # per process; mini_batch_size is a multiple of it
     clip_range: float = 0.2
@@ -53,16 +58,25 @@ def _select(experience, index: torch.Tensor) -> dict[str, torch.Tensor]:
     return {key: value[index] for key, value in keep.items() if value is not None}
 
 
-def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator: torch.Generator | None = None) -> dict[str, float]:
-    """Run the PPO epochs on one Experience; return mean losses and diagnostics."""
+def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator: torch.Generator | None = None,
+               train_actor: bool = True) -> dict[str, float]:  # fmt: skip
+    """Run the PPO epochs on one Experience; return mean losses and diagnostics (each a mean
+    over the micro-batches that computed it)."""
     size = experience.batch_size
     prompt_length = experience.prompt_length
     sums: dict[str, float] = defaultdict(float)
-    count = 0
-    for model in (actor, critic):
-        if model is not None:
+    counts: dict[str, int] = defaultdict(int)
+    actor_epochs = settings.epochs if train_actor else 0
+    critic_epochs = 0 if critic is None else settings.critic_epochs or settings.epochs
+
+    def add(key: str, value: float) -> None:
+        sums[key] += value
+        counts[key] += 1
+
+    for model, epochs in ((actor, actor_epochs), (critic, critic_epochs)):
+        if model is not None and epochs:
             model.train()
-    for _ in range(settings.epochs):
+    for epoch in range(max(actor_epochs, critic_epochs)):
         order = torch.randperm(size, generator=generator).to(experience.mask.device)
         for start in range(0, size, settings.mini_batch_size):
             minibatch = order[start : start + settings.mini_batch_size]
@@ -70,37 +84,36 @@ def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator
                 part = _select(experience, minibatch[micro_start : micro_start + settings.micro_batch_size])
                 mask = part["mask"]
 
-                logp, entropy = policy_forward(
-                    actor, part["sequences"], part["attention_mask"], prompt_length,
-                    settings.temperature, with_entropy=True,
-                )
-                actor_loss, actor_stats = policy_loss(
-                    logp, part["old_logp"], part["advantages"], mask,
-                    clip=settings.clip_range, ratio=settings.ratio, segment_ids=part["segment_ids"],
-                    aggregation=settings.loss_aggregation, max_length=settings.max_new_tokens,
-                )
-                sums["policy_loss"] += float(actor_loss.detach())
-                if settings.kl_loss_coef:
-                    reference_kl = kl_loss(
-                        logp, part["ref_logp"], mask, settings.loss_aggregation, settings.max_new_tokens
+                if epoch < actor_epochs:
+                    logp, entropy = policy_forward(
+                        actor, part["sequences"], part["attention_mask"], prompt_length,
+                        settings.temperature, with_entropy=True,
                     )
-                    actor_loss = actor_loss + settings.kl_loss_coef * reference_kl
-                    sums["kl_loss"] += float(reference_kl.detach())
-                actor.backward(actor_loss)
-                actor.step()
+                    actor_loss, actor_stats = policy_loss(
+                        logp, part["old_logp"], part["advantages"], mask,
+                        clip=settings.clip_range, ratio=settings.ratio, segment_ids=part["segment_ids"],
+                        aggregation=settings.loss_aggregation, max_length=settings.max_new_tokens,
+                    )
+                    add("policy_loss", float(actor_loss.detach()))
+                    if settings.kl_loss_coef:
+                        reference_kl = kl_loss(
+                            logp, part["ref_logp"], mask, settings.loss_aggregation, settings.max_new_tokens
+                        )
+                        actor_loss = actor_loss + settings.kl_loss_coef * reference_kl
+                        add("kl_loss", float(reference_kl.detach()))
+                    actor.backward(actor_loss)
+                    actor.step()
+                    add("clip_fraction", float(actor_stats["clip_fraction"]))
+                    add("approx_kl", float(actor_stats["approx_kl"]))
+                    add("entropy", float(masked_mean(entropy, mask)))
 
-                if critic is not None:
+                if epoch < critic_epochs:
                     values = critic_values(critic, part["sequences"], part["attention_mask"], prompt_length)
                     critic_loss, critic_stats = value_loss(
                         values, part["values"], part["returns"], mask, clip=settings.value_clip_range
                     )
                     critic.backward(critic_loss)
                     critic.step()
-                    sums["value_loss"] += float(critic_loss.detach())
-                    sums["value_clip_fraction"] += float(critic_stats["clip_fraction"])
-
-                sums["clip_fraction"] += float(actor_stats["clip_fraction"])
-                sums["approx_kl"] += float(actor_stats["approx_kl"])
-                sums["entropy"] += float(masked_mean(entropy, mask))
-                count += 1
-    return {key: value / max(count, 1) for key, value in sums.items()}
+                    add("value_loss", float(critic_loss.detach()))
+                    add("value_clip_fraction", float(critic_stats["clip_fraction"]))
+    return {key: value / counts[key] for key, value in sums.items()}

@@ -1,0 +1,268 @@
+"""The critic that fits (issue 42): its value head's start (--value-head-init), its warm-up
+(--critic-warmup-steps), its own epochs (--critic-epochs), and its fit pooled over steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marlhf_cli.errors import UserError
+from marlhf_cli.train.ppo import critic_fit, value_head
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# ---------------------------------------------------------------------------------------
+# the pooled explained variance
+
+
+def _step_row(targets: np.ndarray, values: np.ndarray) -> dict:
+    """A step's metrics as reduce_metrics writes them, from its tokens' targets and values."""
+    return {"split": "train", "response_tokens": float(len(targets)), "return": float(targets.mean()),
+            "value": float(values.mean()), "return_variance": float(targets.var()),
+            "residual_variance": float((targets - values).var())}  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
+def test_pooled_explained_variance_is_the_explained_variance_of_all_the_tokens(sizes, seed, shift):
+    """Pooled from each step's count, means and variances, it equals 1 - Var(y - v) / Var(y)
+    over the concatenation of the steps' tokens (numpy), whatever the steps' sizes and means."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for i, n in enumerate(sizes):
+        y = rng.normal(shift * i, 1.0, n)  # targets whose mean moves between steps
+        steps.append((y, y + rng.normal(0.0, 0.7, n)))
+    rows = [_step_row(y, v) for y, v in steps]
+    y, v = np.concatenate([s[0] for s in steps]), np.concatenate([s[1] for s in steps])
+    expected = 1 - np.var(y - v) / np.var(y) if np.var(y) > critic_fit.VARIES else math.nan
+    got = critic_fit.pooled_explained_variance(rows)
+    if math.isnan(expected):
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-7, abs=1e-9)
+
+
+def test_pooled_explained_variance_edges_and_window():
+    assert math.isnan(critic_fit.pooled_explained_variance([]))
+    assert math.isnan(critic_fit.pooled_explained_variance([{"split": "train", "score": 1.0}]))  # a critic-free row
+    constant = _step_row(np.full(5, 0.3), np.zeros(5))
+    assert math.isnan(critic_fit.pooled_explained_variance([constant]))  # targets that do not vary
+    exact = _step_row(np.arange(5.0), np.arange(5.0))
+    assert critic_fit.pooled_explained_variance([exact]) == 1.0
+    zero = _step_row(np.arange(5.0) - 2.0, np.zeros(5))  # the constant 0 at the targets' mean
+    assert critic_fit.pooled_explained_variance([zero]) == pytest.approx(0.0)
+    rows = [{"step": s, "split": "train"} for s in range(1, 16)] + [{"step": 3, "split": "eval"}]
+    assert [r["step"] for r in critic_fit.last_window(rows)] == list(range(6, 16))
+    assert [r["step"] for r in critic_fit.last_window(rows, 4)] == [1, 2, 3, 4]
+    assert critic_fit.advice(0.3, 10) is None and critic_fit.advice(math.nan, 10) is None
+    line = critic_fit.advice(-0.05, 10)
+    assert "explained none" in line and "--critic-warmup-steps" in line and "--advantage" in line
+
+
+def test_the_end_of_a_run_reports_its_warm_up_and_a_critic_that_explained_nothing():
+    from marlhf_cli.train.ppo import report
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(0, 1, 50)
+    fits = [_step_row(y, y + rng.normal(0, 0.3, 50)) | {"step": s} for s in range(1, 4)]
+    noise = [_step_row(y, rng.normal(0, 2, 50)) | {"step": s} for s in range(4, 16)]
+    warm = [row | {"critic_warmup": 1.0} for row in fits]
+    lines = report.critic_lines(warm + noise)
+    assert lines[0].startswith("critic warm-up: steps 1-3 trained the critic alone; its explained variance")
+    assert lines[0].endswith(f"was {critic_fit.pooled_explained_variance(fits):.3f} when the actor started")
+    assert "explained none of its targets' variance over the last 10 steps" in lines[1]
+    assert report.critic_lines(fits) == []  # a critic that fits, no warm-up: nothing to say
+    assert report.critic_lines([{"split": "train", "step": 1, "score": 0.5}]) == []  # no critic
+    assert report.summary_row("x", noise)["critic_fit"] < 0 and report.summary_row("x", [])["critic_fit"] is None
+
+
+# ---------------------------------------------------------------------------------------
+# the value head's start
+
+
+def test_the_default_start_and_its_one_line_errors():
+    assert value_head.resolve(None, True, "rm") == "reward-model"
+    assert value_head.resolve(None, False, "sft") == "zero"
+    assert value_head.resolve("random", True, "rm") == "random"
+    with pytest.raises(UserError, match=r"--value-head-init reward-model: 'tiny' has no trained score head"):
+        value_head.resolve("reward-model", False, "tiny")
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+    """A reward-model folder (a tiny scorer whose head was set by hand, as marlhf rm's would
+    be trained) and a causal-LM folder (what marlhf sft writes)."""
+    pytest.importorskip("gguf")
+    from marlhf_cli.models import load_causal_lm, load_reward_model, load_tokenizer
+
+    root = tmp_path_factory.mktemp("models")
+    rm = load_reward_model("tiny")
+    with torch.no_grad():
+        rm.score.weight.copy_(torch.randn(rm.score.weight.shape, generator=torch.Generator().manual_seed(7)))
+    rm.save_pretrained(root / "rm")
+    load_tokenizer("tiny").save_pretrained(root / "rm")
+    load_causal_lm("tiny").save_pretrained(root / "sft")
+    load_tokenizer("tiny").save_pretrained(root / "sft")
+    return {"rm": root / "rm", "sft": root / "sft", "rm_head": rm.score.weight.detach().clone()}
+
+
+def test_load_score_model_tells_a_trained_head_from_a_new_one(saved_models):
+    from marlhf_cli.models import load_score_model
+
+    rm, trained = load_score_model(str(saved_models["rm"]))
+    assert trained and torch.equal(rm.score.weight, saved_models["rm_head"])
+    assert load_score_model(str(saved_models["sft"]))[1] is False  # a causal LM: the head is new
+    assert load_score_model("tiny")[1] is False  # random-init
+
+
+def _values(model, seed: int = 0) -> torch.Tensor:
+    from marlhf_cli.train.forward import TokenValues
+
+    ids = torch.randint(3, 1000, (3, 9), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    with torch.no_grad():
+        return TokenValues(model)(ids, mask)
+
+
+def test_zero_random_and_reward_model_starts():
+    pytest.importorskip("gguf")
+    from marlhf_cli.models import load_reward_model
+
+    model = load_reward_model("tiny")
+    before = model.score.weight.detach().clone()
+    value_head.start(model, "random", trained=False, seed=0)  # a head already random: kept as loaded
+    assert torch.equal(model.score.weight, before)
+    assert _values(model).abs().max() > 0
+    value_head.start(model, "zero", trained=False, seed=0)
+    assert torch.equal(_values(model), torch.zeros(3, 9))  # exactly 0 everywhere, padding included
+    trained = load_reward_model("tiny")
+    value_head.start(trained, "random", trained=True, seed=3)  # a trained head is redrawn, from the seed
+    again = load_reward_model("tiny")
+    value_head.start(again, "random", trained=True, seed=3)
+    assert torch.equal(trained.score.weight, again.score.weight) and not torch.equal(trained.score.weight, before)
+    assert trained.score.weight.std().item() == pytest.approx(trained.config.initializer_range, rel=0.5)
+
+
+def test_a_lora_critic_zeroes_its_own_head_and_not_the_reward_models(tmp_path):
+    """Under LoRA the reward model is the critic with its adapter off: zeroing the critic's head
+    must leave the copy the reward reads untouched."""
+    pytest.importorskip("peft")
+    from types import SimpleNamespace
+
+    from marlhf_cli import lora
+    from marlhf_cli.models import load_reward_model
+
+    scores = _values(load_reward_model("tiny"))
+    config = SimpleNamespace(lora_rank=4, lora_alpha=8.0, lora_targets="all-linear", lora_dropout=0.0)
+    critic = lora.add_adapters(load_reward_model("tiny"), config, task="score")
+    value_head.start(critic, "zero", trained=False, seed=0)
+    assert torch.equal(_values(critic), torch.zeros(3, 9))
+    with lora.adapter_off(critic):
+        assert torch.equal(_values(critic), scores)
+
+
+# ---------------------------------------------------------------------------------------
+# through the stage: build_models, the warm-up, the critic's epochs
+
+
+def _config(tmp_path, **flags):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import _harness as H
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    prompts = H.write_prompts(tmp_path / "prompts.jsonl", 40)
+    settings = dict(policy="tiny", reward_model="tiny", dataset=str(prompts), rollout_batch_size=4, mini_batch_size=2,
+                    max_new_tokens=6, max_prompt_length=24, actor_lr=1e-3, critic_lr=1e-3, max_steps=4, eval_every=0,
+                    eval_prompts=0, save_every=0, seed=1, lr_scheduler="constant")  # fmt: skip
+    return H.ppo_config(tmp_path / "run", **(settings | flags))
+
+
+def _build(config):
+    from marlhf_cli.train.ppo.context import make_context
+    from marlhf_cli.train.ppo.models import build_models
+    from marlhf_cli.train.ppo.rewards import TokenFractionReward
+
+    reward = TokenFractionReward(torch.arange(100, 5000), eos_token_id=2, name="ids")
+    from marlhf_cli.train import common
+
+    models = build_models(config, config.policy, config.reward_model, reward)
+    return make_context(config, models, common.load_split(config, "ppo", None, report=False).records)
+
+
+def _weights(engine) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in engine.module.parameters()]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_critic_without_a_trained_head_starts_at_exactly_zero(tmp_path, saved_models):
+    from marlhf_cli.train.forward import critic_values
+
+    ctx = _build(_config(tmp_path))
+    assert ctx.models.value_head == "zero"
+    ids = torch.randint(3, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(critic_values(ctx.models.critic, ids, torch.ones_like(ids), 4), torch.zeros(2, 4))
+
+    kept = _build(_config(tmp_path / "rm", reward_model=str(saved_models["rm"])))  # the paper's start
+    assert kept.models.value_head == "reward-model"
+    assert torch.equal(kept.models.critic.module.model.score.weight, saved_models["rm_head"])  # bit for bit
+
+    legacy = _build(_config(tmp_path / "random", value_head_init="random"))  # what every critic got before
+    from marlhf_cli.models import load_reward_model
+
+    assert torch.equal(legacy.models.critic.module.model.score.weight, load_reward_model("tiny").score.weight)
+    with pytest.raises(UserError, match="has no trained score head"):
+        _build(_config(tmp_path / "no", value_head_init="reward-model"))
+
+
+def test_warm_up_steps_train_the_critic_alone(tmp_path):
+    from marlhf_cli.train.ppo import ppo_step
+
+    ctx = _build(_config(tmp_path, critic_warmup_steps=2))
+    actor, critic = _weights(ctx.models.actor), _weights(ctx.models.critic)
+    rates = []
+    for step in range(2):
+        metrics = ppo_step(ctx, step)
+        assert metrics["critic_warmup"] == 1.0 and "policy_loss" not in metrics and "value_loss" in metrics
+        rates.append(metrics["actor_lr"])
+    assert _same(_weights(ctx.models.actor), actor)  # bit-identical after the warm-up
+    assert not _same(_weights(ctx.models.critic), critic)
+    assert not ctx.models.actor.optimizer.state  # no AdamW moments either
+    metrics = ppo_step(ctx, 2)
+    assert "critic_warmup" not in metrics and "policy_loss" in metrics and ctx.models.actor.optimizer.state
+    assert not _same(_weights(ctx.models.actor), actor)
+
+
+def test_critic_epochs_pass_over_the_batch_again_and_equal_epochs_change_nothing(tmp_path):
+    """--critic-epochs equal to --ppo-epochs is the run without the option, bit for bit; more
+    critic epochs move only the critic."""
+    from marlhf_cli.train.ppo import ppo_step
+
+    runs = {}
+    for name, flags in (("plain", {}), ("same", {"critic_epochs": 1}), ("more", {"critic_epochs": 3})):
+        ctx = _build(_config(tmp_path / name, **flags))
+        runs[name] = (ppo_step(ctx, 0), _weights(ctx.models.actor), _weights(ctx.models.critic))
+    plain, same, more = runs["plain"], runs["same"], runs["more"]
+    assert same[0]["value_loss"] == plain[0]["value_loss"] and _same(same[1], plain[1]) and _same(same[2], plain[2])
+    assert _same(more[1], plain[1]) and not _same(more[2], plain[2])
+    assert more[0]["policy_loss"] == plain[0]["policy_loss"]
+
+
+def test_warm_up_options_are_checked_in_one_line(tmp_path):
+    from marlhf_cli.train.ppo.settings import check_options
+
+    with pytest.raises(UserError, match=r"--critic-warmup-steps 4 leaves no step that trains the actor"):
+        check_options(_config(tmp_path, critic_warmup_steps=4))
