@@ -15,14 +15,15 @@ The arms cross the critic's start with its learning rate, so neither can pass fo
   critic rate was 0.01 on ``target`` and ``units``) against ``zero`` (the new default where
   the critic has no trained reward-model head), each at critic rate 0.01 and 0.001;
 - ``zero`` at 0.001 with 10 critic warm-up steps (``--critic-warmup-steps 10``: the actor
-  trains for the last 30), and with 4 critic epochs per rollout (``--critic-epochs 4``).
+  trains for the last 30).
 
-Per run: the critic's explained variance pooled over the last 10 steps (the stage's
-``explained_variance_pooled``: 1 - Var(residual) / Var(target) over those steps' tokens), and
-the steps until the trailing 5-step mean score reaches 0.8 (the study's threshold), or none.
-Per task and arm the table gives the mean pooled EV with a 95% t-interval over seeds, how many
-seeds exceed 0.2, and how many reached the threshold with their median steps. A figure
-(``critic_fit.png`` in ``--out``) draws the pooled EV against the step, mean over seeds.
+Per run: the critic's explained variance pooled over each 10 steps (the stage's
+``explained_variance_pooled`` at steps 10, 20, 30 and 40: 1 - Var(residual) / Var(target)
+over those steps' tokens), and the steps until the trailing 5-step mean score reaches 0.8 (the
+study's threshold), or none. Per task and arm the table gives each window's median over seeds
+with its range, how many seeds exceed 0.2 over the last window, and how many reached the
+threshold with their median steps. A figure (``critic_fit.png`` in ``--out``) draws the
+pooled EV against the step, median over seeds.
 Records are JSON files under ``--out`` (a rerun skips the runs it has); ``--quick`` is a
 smoke test of the same path (2 seeds, 12 steps, 8-token responses).
 """
@@ -57,8 +58,8 @@ ARMS = {
     "zero-c0.01": ("zero", 0.01, {}),
     "zero-c0.001": ("zero", 0.001, {}),
     "zero-c0.001-warmup10": ("zero", 0.001, {"critic_warmup_steps": 10}),
-    "zero-c0.001-epochs4": ("zero", 0.001, {"critic_epochs": 4}),
 }
+WINDOWS = (10, 20, 30, 40)  # steps at which the pooled EV (over the 10 steps before) is read
 BEFORE, AFTER = "random-c0.01", "zero-c0.001"
 
 
@@ -82,49 +83,45 @@ def reached_step(score: list[float]) -> int | None:
     return first_reach(score, THRESHOLD, WINDOW)
 
 
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and its 95% t-interval (NaN-free values; a single value has no interval)."""
-    from scipy import stats
-
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
-
-
-def summarise(records: list[dict]) -> list[dict]:
+def summarise(records: list[dict], steps: int) -> list[dict]:
     rows = []
+    windows = [w for w in WINDOWS if w <= steps] or [steps]
     for task in dict.fromkeys(r["task"] for r in records):
         for arm in ARMS:
             runs = [r for r in records if r["task"] == task and r["arm"] == arm]
             if not runs:
                 continue
-            pooled = [r["explained_variance_pooled"][-1] for r in runs]
-            finite = [p for p in pooled if math.isfinite(p)]
+            pooled = {w: [r["explained_variance_pooled"][w - 1] for r in runs] for w in windows}
             reach = [reached_step(r["score"]) for r in runs]
-            steps = [s for s in reach if s is not None]
-            mean, low, high = t_interval(finite) if finite else (math.nan, math.nan, math.nan)
+            steps_reached = [s for s in reach if s is not None]
             rows.append({
-                "task": task, "arm": arm, "runs": len(runs), "ev_mean": mean, "ev_low": low, "ev_high": high,
-                "ev_per_seed": pooled, "fits": sum(p > FITS for p in finite), "reached": len(steps),
-                "median_steps": statistics.median(steps) if steps else None,
+                "task": task, "arm": arm, "runs": len(runs), "pooled": pooled,
+                "fits": sum(p > FITS for p in pooled[windows[-1]] if math.isfinite(p)), "reached": len(steps_reached),
+                "median_steps": statistics.median(steps_reached) if steps_reached else None,
                 "final_score": statistics.fmean(statistics.fmean(r["score"][-WINDOW:]) for r in runs),
             })  # fmt: skip
     return rows
 
 
+def _cell(values: list[float]) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "n/a"
+    return f"{statistics.median(finite):+.2f} [{min(finite):+.1f}, {max(finite):+.1f}]"
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'task':<7} {'arm':<22} {'pooled EV, last 10 (95% CI)':<30} {'EV>0.2':>6} {'reached':>8} {'median steps':>12} "
-          f"{'final score':>11}")  # fmt: skip
+    windows = list(rows[0]["pooled"])
+    heads = "".join(f"{f'EV {w - 9}-{w}: median [range]':<26}" for w in windows)
+    print(f"{'task':<7} {'arm':<21} {heads}{'EV>0.2':>6} {'reached':>8} {'median steps':>12} {'final score':>11}")
     for r in rows:
-        interval = f"{r['ev_mean']:+.3f} [{r['ev_low']:+.3f}, {r['ev_high']:+.3f}]"
+        cells = "".join(f"{_cell(r['pooled'][w]):<26}" for w in windows)
         steps = "-" if r["median_steps"] is None else f"{r['median_steps']:g}"
-        print(f"{r['task']:<7} {r['arm']:<22} {interval:<30} {r['fits']:>3}/{r['runs']:<2} {r['reached']:>5}/{r['runs']:<2} "
-              f"{steps:>12} {r['final_score']:>11.3f}")  # fmt: skip
-    print("# per seed, pooled EV over the last 10 steps:")
+        print(f"{r['task']:<7} {r['arm']:<21} {cells}{r['fits']:>3}/{r['runs']:<2} {r['reached']:>5}/{r['runs']:<2} {steps:>12} "
+              f"{r['final_score']:>11.3f}")  # fmt: skip
+    print(f"# per seed, pooled EV over the last window (steps {windows[-1] - 9}-{windows[-1]}):")
     for r in rows:
-        print(f"#   {r['task']:<7} {r['arm']:<22} " + " ".join(f"{v:+.3f}" for v in r["ev_per_seed"]))
+        print(f"#   {r['task']:<7} {r['arm']:<21} " + " ".join(f"{v:+.3f}" for v in r["pooled"][windows[-1]]))
 
 
 def plot(records: list[dict], path: Path) -> None:
@@ -145,7 +142,7 @@ def plot(records: list[dict], path: Path) -> None:
                 continue
             with warnings.catch_warnings():  # a step where every seed's targets were constant
                 warnings.simplefilter("ignore", RuntimeWarning)
-                mean = np.nanmean(np.array(curves, dtype=float), axis=0)
+                mean = np.nanmedian(np.array(curves, dtype=float), axis=0)
             style = "--" if arm.startswith("random") else "-"
             ax.plot(np.arange(1, len(mean) + 1), mean, style, label=arm, linewidth=1.4)
         ax.axhline(0, color="grey", linewidth=0.8)
@@ -156,7 +153,7 @@ def plot(records: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("critic EV, last 10 steps pooled")
     np.atleast_1d(axes)[-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle("The critic's fit, mean over seeds (dashed: random head; y clipped to [-1, 1])", fontsize=9)
+    fig.suptitle("The critic's fit, median over seeds (dashed: random head; y clipped to [-1, 1])", fontsize=9)
     write_figure(path, fig)
 
 
@@ -179,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {len(tasks)} tasks x {len(ARMS)} arms x {args.seeds} seeds, {args.steps} steps of 8 responses, MA-PPO fixed 5 "
           f"(equal), actor rate {ACTOR_LR:g}; warm-up arm: {warmup} critic-only steps; before = {BEFORE}, after = {AFTER}")  # fmt: skip
     records = run_jobs(jobs(tasks, args.seeds, args.steps, warmup), args.out, args.workers, threads=1, label="critic fit")
-    rows = summarise(records)
-    print_table(rows)
+    print_table(summarise(records, args.steps))
     plot(records, args.out / "critic_fit.png")
     print(f"# figure: {args.out / 'critic_fit.png'}")
     return 0

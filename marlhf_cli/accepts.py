@@ -220,7 +220,6 @@ ACCEPTS: dict[str, Accepts] = {
     "critic_lr": at_least(0),
     "value_head_init": one_of(*VALUE_HEAD_INITS),
     "critic_warmup_steps": at_least(0),
-    "critic_epochs": POSITIVE,
     "clip_range": above(0),
     "value_clip_range": above(0),
     "gamma": between(0, 1),

@@ -153,10 +153,9 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     critic_lr: float = 1.5e-5
     # the critic's score head at step 0: zero | random | reward-model; None: the reward model's
     # trained head where the critic's source has one (the paper's start), else zero (a random
-    # head's noise is several times the returns' spread: docs/method.md "The critic's start")
+    # head's noise is several times the returns' spread: docs/method.md "Starting and fitting the critic")
     value_head_init: str | None = None
     critic_warmup_steps: int = 0  # ours (OpenRLHF's freezing_actor_steps): the first K steps train the critic only
-    critic_epochs: int | None = None  # passes of the critic over each rollout batch; None: --ppo-epochs
     clip_range: float = 0.2
     value_clip_range: float = 0.2
     gamma: float = 1.0

@@ -31,7 +31,7 @@ SHARED = {
                      "--kl-coef", "--kl-estimator", "--reward-clip", "--whiten-advantages", "--missing-eos-penalty"),
                     "Advantage"),
     **dict.fromkeys(("--lr", "--batch-size", "--epochs", "--max-steps", "--rollout-batch-size", "--mini-batch-size",
-                     "--ppo-epochs", "--actor-lr", "--critic-lr", "--value-head-init", "--critic-warmup-steps", "--critic-epochs",
+                     "--ppo-epochs", "--actor-lr", "--critic-lr", "--value-head-init", "--critic-warmup-steps",
                      "--clip-range", "--value-clip-range",
                      "--loss-aggregation", "--gradient-accumulation-steps", "--gradient-checkpointing",
                      "--lr-scheduler", "--warmup-ratio", "--weight-decay", "--max-grad-norm"), "Optimisation"),

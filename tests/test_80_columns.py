@@ -127,6 +127,17 @@ def test_ppo_final_table_at_80_columns(capsys, monkeypatch):
         assert figure in out, figure
     for header in ("steps", "tokens", "start", "length", "KL", "s/step"):
         assert header in out, header
+    assert "critic" not in out  # no run with a critic: no column for its fit
+
+    # with a critic: ten columns, a PPO run's token count (SmolLM2 at 8 x 64 tokens, 120 steps)
+    fit = {"return": 0.1, "value": 0.05, "return_variance": 0.04, "residual_variance": 0.05, "response_tokens": 512}
+    critic_rows = [rows[0], dict(rows[1], generated_tokens=61440, step=120, **fit), dict(rows[2], step=120)]
+    Console().print(report._table("ppo: final evaluation", [report.summary_row("fixed5-first", critic_rows)]))
+    out = capsys.readouterr().out
+    _no_cuts(out)
+    for figure in ("61,440", "-0.012", "-11.235", "124.0", "-0.004", "3.00", "12.34", "fixed5-f", "-0.25"):
+        assert figure in out, figure
+    assert "critic" in out and "EV" in out
 
 
 def test_bon_table_at_80_columns(capsys, monkeypatch):

@@ -34,6 +34,7 @@ BAD_TEXT = {
     "--format": "xml",
     "--termination": "nonsense",
     "--value-function": "nonsense",
+    "--value-head-init": "nonsense",
     "--ratio": "nonsense",
     "--loss-aggregation": "mean",
     "--kl-estimator": "k2",
@@ -58,7 +59,7 @@ BAD_TEXT = {
 OUT_OF_RANGE = [
     ("segment", "--n", "-3"), ("segment", "--n", "2.5"), ("segment", "--cutoff", "-1"),
     ("ppo", "--top-p", "1.5"), ("ppo", "--gamma", "2"), ("ppo", "--lam", "1.01"),
-    ("ppo", "--n", "-3"), ("sft", "--warmup-ratio", "1"), ("sft", "--zero-stage", "4"),
+    ("ppo", "--n", "-3"), ("ppo", "--critic-warmup-steps", "-1"), ("sft", "--warmup-ratio", "1"), ("sft", "--zero-stage", "4"),
     ("bon", "--n", "4,-8"), ("bon", "--temperature", "0.5,0"), ("bon", "--top-p", "0"),
     ("passk", "--n", "0"), ("judge", "--timeout", "0"),
 ]  # fmt: skip

@@ -143,7 +143,6 @@ ActorLr = Annotated[Optional[float], _opt("--actor-lr", "Actor (policy) learning
 CriticLr = Annotated[Optional[float], _opt("--critic-lr", "Critic learning rate. [default: 1.5e-5]")]
 ValueHeadInit = Annotated[Optional[str], _opt("--value-head-init", "The critic's score head at the start: reward-model (the trained head of --reward-model, the paper's start), zero (weight and bias 0: the critic starts as the constant 0) or random (a fresh random head, what every critic got before this option: its noise can be several times the returns' spread). [default: reward-model where --reward-model has a trained score head (what marlhf rm writes), zero elsewhere (a causal LM, the policy, tiny)]")]
 CriticWarmupSteps = Annotated[Optional[int], _opt("--critic-warmup-steps", "The first K PPO steps train only the critic (the actor's weights, optimizer and schedule are untouched), so the actor's first update uses values that fit; they count in --max-steps and are marked critic_warmup in the metrics. [default: 0]")]
-CriticEpochs = Annotated[Optional[int], _opt("--critic-epochs", "Passes of the critic over each rollout batch (the actor makes --ppo-epochs). [default: --ppo-epochs]")]
 ClipRange = Annotated[Optional[float], _opt("--clip-range", "PPO ratio clip epsilon. [default: 0.2]")]
 ValueClipRange = Annotated[Optional[float], _opt("--value-clip-range", "Critic value clip around the old value. [default: 0.2]")]
 Gamma = Annotated[Optional[float], _opt("--gamma", "Discount over segments (macro actions). [default: 1.0]")]
@@ -214,7 +213,7 @@ PPO = {
     "samples_per_prompt": SamplesPerPrompt, "mc_rollouts": McRollouts, "mc_max_boundaries": McMaxBoundaries,
     "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "value_head_init": ValueHeadInit,
-    "critic_warmup_steps": CriticWarmupSteps, "critic_epochs": CriticEpochs, "clip_range": ClipRange,
+    "critic_warmup_steps": CriticWarmupSteps, "clip_range": ClipRange,
     "value_clip_range": ValueClipRange, "gamma": Gamma, "lam": Lam, "kl_coef": KlCoef, "kl_estimator": KlEstimator,
     "reward_clip": RewardClip, "whiten_advantages": Whiten, "missing_eos_penalty": MissingEos,
     "temperature": Temperature, "top_k": TopK, "top_p": TopP, "max_prompt_length": MaxPrompt,
@@ -226,4 +225,4 @@ PPO = {
 # flags only some estimators read (the rule's, the critic's, mc's: train/ppo/estimators.py
 # says which): given on the command line to another estimator they are a one-line error
 ESTIMATOR_FIELDS = ("termination", "n", "cutoff", "value_function", "critic_lr", "value_clip_range", "value_head_init",
-                    "critic_warmup_steps", "critic_epochs", "mc_rollouts", "mc_max_boundaries")
+                    "critic_warmup_steps", "mc_rollouts", "mc_max_boundaries")

@@ -63,7 +63,7 @@ class Monitor:
         """One metrics row ``{"step", "split", **values}`` to JSONL and TensorBoard."""
         if not self.enabled:
             return
-        row = {"step": step, "split": split, **{k: _plain(v) for k, v in values.items()}, "time": round(time.time(), 3)}
+        row = {"step": step, "split": split, **as_logged(values), "time": round(time.time(), 3)}
         artifacts.append_jsonl(self.path, row)
         if split == "eval":  # held-out figures were only in the files: one line each on the console
             self.print(eval_line(self.stage, step, values))
@@ -136,6 +136,12 @@ def _tensorboard(folder: Path, purge_step: int | None):
         return None
     folder.mkdir(parents=True, exist_ok=True)
     return SummaryWriter(log_dir=str(folder), purge_step=purge_step)
+
+
+def as_logged(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as :meth:`Monitor.log` writes them (and a resumed run reads them back): a
+    figure derived from logged rows is the same whether the run stopped or not."""
+    return {key: _plain(value) for key, value in values.items()}
 
 
 def _plain(value: Any) -> Any:

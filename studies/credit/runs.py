@@ -184,13 +184,16 @@ def saved(root: Path, jobs: list[dict]) -> list[dict]:
     return [json.loads(job_path(root, job).read_text()) for job in jobs if job_path(root, job).is_file()]
 
 
-def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: str = "runs") -> list[dict]:
+def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: str = "runs", *, run=None, path=None) -> list[dict]:
     """Run the jobs not already saved under ``root`` (``workers`` processes at a time); every
     job's record, in the jobs' order, as :func:`saved` returns them, so a report is the same
     whether its runs were just trained or only read (the power simulation draws from the
     records in order). The ``mc`` runs (about three times as long per step) start first, so
-    no worker waits long at the end."""
-    todo = [job for job in jobs if not job_path(root, job).is_file()]
+    no worker waits long at the end. ``run`` (a job -> its record, in a worker) and ``path``
+    ((root, job) -> the record's file) default to this module's :func:`run_job` and
+    :func:`job_path`; the fourth edition passes its own."""
+    run, job_path_of = run or run_job, path or job_path
+    todo = [job for job in jobs if not job_path_of(root, job).is_file()]
     todo.sort(key=lambda job: job["flags"].get("advantage") != "mc")  # stable: the rest keep their order
     if todo:
         from rich.progress import Progress
@@ -202,13 +205,13 @@ def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: st
         root.mkdir(parents=True, exist_ok=True)
         log = str(root / "runs.log")  # not committed: .gitignore
         with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(threads, log)) as pool:
-            futures = {pool.submit(run_job, job): job for job in todo}
+            futures = {pool.submit(run, job): job for job in todo}
             with Progress(transient=False) as progress:
                 bar = progress.add_task(label, total=len(todo))
                 for future in as_completed(futures):
                     result = future.result()
-                    path = job_path(root, result)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_json(path, result)
+                    target = job_path_of(root, futures[future])
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    write_json(target, result)
                     progress.advance(bar)
-    return [json.loads(job_path(root, job).read_text()) for job in jobs]
+    return [json.loads(job_path_of(root, job).read_text()) for job in jobs]

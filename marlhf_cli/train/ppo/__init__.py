@@ -61,7 +61,7 @@ from ...macro.segmentation import warm_up
 from ...seeding import derived_seed
 from ...wording import count
 from .. import common
-from ..monitor import Monitor
+from ..monitor import Monitor, as_logged
 from . import compiled_sampling, credit, critic_fit, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
@@ -139,8 +139,8 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
             monitor.log(start, scores, "eval")
         for step in range(start, config.max_steps):
             last = ppo_step(ctx, step)
-            if not ctx.critic_free:
-                fit = (fit + [last])[-critic_fit.FIT_WINDOW :]
+            if not ctx.critic_free:  # from the figures as logged: a resumed run reads them back
+                fit = (fit + [as_logged(last)])[-critic_fit.FIT_WINDOW :]
                 last["explained_variance_pooled"] = critic_fit.pooled_explained_variance(fit)
             completed = done = step + 1
             durations.append(last["step_time"])

@@ -88,7 +88,7 @@ def make_context(config, models: Models, records: Sequence[dict]) -> Context:
         schedule=PromptSchedule(records, config.rollout_batch_size, config.seed),
         rollout=dataclasses.replace(rollout, kl_coef=0.0) if kl_in_loss else rollout,
         update=UpdateSettings(
-            epochs=config.ppo_epochs, critic_epochs=config.critic_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
+            epochs=config.ppo_epochs, mini_batch_size=config.mini_batch_size // eng.world_size(),
             micro_batch_size=micro, clip_range=config.clip_range, value_clip_range=config.value_clip_range,
             ratio=config.ratio, temperature=config.temperature, kl_loss_coef=config.kl_coef if kl_in_loss else 0.0,
             loss_aggregation=config.loss_aggregation, max_new_tokens=config.max_new_tokens,

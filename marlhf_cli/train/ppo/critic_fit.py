@@ -16,28 +16,50 @@ FIT_WINDOW = 10  # training steps pooled by explained_variance_pooled
 VARIES = 1e-12
 
 
-def pooled_explained_variance(rows: Iterable[dict]) -> float:
-    """The critic's explained variance over every real token of ``rows`` (training steps'
-    metrics) taken together: 1 - Var(residual) / Var(target), each variance over the union of
-    the steps' tokens, from each step's token count (``response_tokens``), means (``return``,
-    ``value``) and variances (``return_variance``, ``residual_variance``).
-
-    One step's EV is noisy and blows up where its targets barely vary; pooled, each step
-    weighs by its tokens, and a step whose targets barely vary adds little to either variance.
-    NaN without rows that carry the figures, or where the targets do not vary."""
+def pooled_variances(rows: Iterable[dict]) -> tuple[float, float]:
+    """(Var(target), Var(residual)) over every real token of ``rows`` (training steps' metrics)
+    taken together, from each step's token count (``response_tokens``), means (``return``,
+    ``value``) and variances (``return_variance``, ``residual_variance``); NaN without rows
+    that carry them."""
     rows = [row for row in rows if "return_variance" in row]
     tokens = sum(row["response_tokens"] for row in rows)
     if tokens <= 0:
-        return float("nan")
+        return math.nan, math.nan
 
     def pooled(mean_of, variance_of) -> float:
         mean = sum(row["response_tokens"] * mean_of(row) for row in rows) / tokens
         second = sum(row["response_tokens"] * (variance_of(row) + mean_of(row) ** 2) for row in rows) / tokens
         return max(second - mean**2, 0.0)
 
-    target = pooled(lambda row: row["return"], lambda row: row["return_variance"])
-    residual = pooled(lambda row: row["return"] - row["value"], lambda row: row["residual_variance"])
+    return (pooled(lambda row: row["return"], lambda row: row["return_variance"]),
+            pooled(lambda row: row["return"] - row["value"], lambda row: row["residual_variance"]))  # fmt: skip
+
+
+def pooled_explained_variance(rows: Iterable[dict]) -> float:
+    """The critic's explained variance over every real token of ``rows`` taken together:
+    1 - Var(residual) / Var(target) (:func:`pooled_variances`).
+
+    One step's EV is noisy and blows up where its targets barely vary; pooled, each step
+    weighs by its tokens, and a step whose targets barely vary adds little to either variance.
+    Pooled, a critic also gets credit for following its targets' mean from step to step (and
+    blame for missing it), which one step's EV, its mean removed, cannot see. NaN without rows
+    that carry the figures, or where the targets do not vary."""
+    target, residual = pooled_variances(rows)
     return 1.0 - residual / target if target > VARIES else float("nan")
+
+
+# the last steps' targets "barely vary" when their spread is under this share of the whole
+# run's: the policy has settled (every response scoring alike), and any critic's EV there is
+# its small errors over a smaller spread, which says little about its fit
+SETTLED = 0.1
+
+
+def settled(window: list[dict], rows: list[dict]) -> tuple[bool, float, float]:
+    """(whether the window's targets barely vary, their sd over the window, over ``rows``)."""
+    here, everywhere = pooled_variances(window)[0], pooled_variances(rows)[0]
+    if math.isnan(here) or math.isnan(everywhere):
+        return False, here, everywhere
+    return math.sqrt(here) < SETTLED * math.sqrt(everywhere), math.sqrt(here), math.sqrt(everywhere)
 
 
 def last_window(rows: Iterable[dict], step: int | None = None) -> list[dict]:
@@ -56,4 +78,12 @@ def advice(pooled: float, steps: int) -> str | None:
         f"{pooled:.3g}): its values were no better than a constant. Try --critic-warmup-steps K (critic-only steps "
         "first), a critic started from a trained reward model (marlhf rm; --value-head-init reward-model), a lower "
         "--critic-lr, or a critic-free --advantage (rloo, grpo, mc)"
+    )
+
+
+def settled_line(pooled: float, steps: int, window_sd: float, run_sd: float) -> str:
+    """The end-of-run line in place of :func:`advice` when the last steps' targets barely vary."""
+    return (
+        f"the critic's targets barely varied over the last {steps} steps (sd {window_sd:.2g}, against {run_sd:.2g} over the "
+        f"run: the policy had settled), so its explained variance there ({pooled:.3g}) says little about its fit"
     )

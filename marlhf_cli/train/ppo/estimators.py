@@ -51,7 +51,7 @@ AssignFn = Callable[["Experience", CreditInputs], None]
 # options that only some estimators read; a run given one its estimator does not read on the
 # command line stops with a one-line error (settings.check_estimator_flags)
 RULE_OPTIONS = ("termination", "n", "cutoff")
-CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range", "value_head_init", "critic_warmup_steps", "critic_epochs")
+CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range", "value_head_init", "critic_warmup_steps")
 MC_OPTIONS = ("mc_rollouts", "mc_max_boundaries")
 
 

@@ -15,7 +15,7 @@ from typing import Sequence
 from ... import artifacts
 from ...artifacts import RunDir
 from ...errors import UserError
-from .critic_fit import FIT_WINDOW, advice, last_window, pooled_explained_variance
+from .critic_fit import FIT_WINDOW, advice, last_window, pooled_explained_variance, settled, settled_line
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -75,7 +75,11 @@ def critic_lines(rows: list[dict]) -> list[str]:
         lines.append(f"critic warm-up: steps 1-{warmup[-1]['step']} trained the critic alone; its explained variance "
                      f"(last {FIT_WINDOW} steps pooled) was {at_end:.3f} when the actor started")  # fmt: skip
     window = last_window(train)
-    line = advice(pooled_explained_variance(window), len(window))
+    pooled = pooled_explained_variance(window)
+    line = advice(pooled, len(window))
+    still, window_sd, run_sd = settled(window, train)
+    if line and still:  # no fault of the critic's: nothing left to explain
+        line = settled_line(pooled, len(window), window_sd, run_sd)
     return lines + ([line] if line else [])
 
 
@@ -93,26 +97,29 @@ def _table(title: str, summaries: Sequence[dict]):
     from rich.table import Table
 
     # no vertical rules and two-line headers: nine columns fit 80 terminal columns whole (a long
-    # run name folds onto a second line; figures never do)
+    # run name folds onto a second line; figures never do); the critic's column only where a
+    # run has a critic, whose step generates no mc continuations (its token count stays short)
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    critic = any(s["critic_fit"] is not None for s in summaries)
     # eval: mean held-out score before training and at the end; KL and segment length: mean
     # of the last 5 training steps
-    table.add_column("run", overflow="fold", min_width=10)
-    for label in ("steps", "gen\ntokens", "eval\nstart", "eval\nend", "eval\nlength", "KL", "seg\nlen", "critic\nEV", "s/step"):
+    table.add_column("run", overflow="fold", min_width=8)
+    labels = ("steps", "gen\ntokens", "eval\nstart", "eval\nend", "eval\nlength", "KL", "seg\nlen", *(("critic\nEV",) if critic else ()), "s/step")
+    for label in labels:
         table.add_column(label, justify="right", no_wrap=True)
     for s in summaries:
         generated = None if s["generated_tokens"] is None else f"{s['generated_tokens']:,.0f}"
         table.add_row(
-            s["run"], str(s["steps"]), _fmt(generated), _fmt(s["eval_start"]), _fmt(s["eval_end"]),
-            _fmt(s["eval_length"], 1), _fmt(s["kl"]), _fmt(s["segment_length"], 2), _fmt(s["critic_fit"], 2),
-            _fmt(s["seconds_per_step"], 2),
+            s["run"], str(s["steps"]), _fmt(generated), _fmt(s["eval_start"]), _fmt(s["eval_end"]), _fmt(s["eval_length"], 1),
+            _fmt(s["kl"]), _fmt(s["segment_length"], 2), *((_fmt(s["critic_fit"], 2),) if critic else ()), _fmt(s["seconds_per_step"], 2),
         )  # fmt: skip
     table.caption = (
         "gen tokens: sampled in training (responses + mc's continuations); eval: mean held-out score; "
         "eval length: eval response tokens; KL: KL(policy || reference) per response, the k3 estimate "
-        "(unbiased, never negative; metrics' kl is k1); KL, seg len: last 5 steps; critic EV: the critic's "
-        f"explained variance over the last {FIT_WINDOW} steps pooled (1 a perfect fit, <= 0 no better than a constant)"
-    )
+        "(unbiased, never negative; metrics' kl is k1); KL, seg len: last 5 steps"
+        + (f"; critic EV: the critic's explained variance over the last {FIT_WINDOW} steps pooled (1 a perfect fit, "
+           "<= 0 no better than a constant)" if critic else "")
+    )  # fmt: skip
     return table
 
 

@@ -195,13 +195,11 @@ def responses_per_step(config) -> int:
 def optimizer_steps(config, engine: str = "actor", steps: int | None = None) -> int:
     """Optimizer steps the ``engine`` (actor or critic) makes in the run's first ``steps`` steps
     (default: all of them; the length of its learning-rate schedule): the actor makes none
-    during the critic's warm-up, the critic makes --critic-epochs passes per step."""
+    during the critic's warm-up."""
     steps = config.max_steps if steps is None else steps
     if engine == "actor":
-        steps, epochs = max(steps - config.critic_warmup_steps, 0), config.ppo_epochs
-    else:
-        epochs = config.critic_epochs or config.ppo_epochs
-    return steps * epochs * (responses_per_step(config) // config.mini_batch_size)
+        steps = max(steps - config.critic_warmup_steps, 0)
+    return steps * config.ppo_epochs * (responses_per_step(config) // config.mini_batch_size)
 
 
 def micro_batch(config) -> int:

@@ -14,10 +14,8 @@ aggregation": a token mean by default; with one micro-batch per minibatch, over 
 minibatch's tokens); the critic's loss is a token mean.
 
 Critic-free runs (rloo, grpo) pass ``critic=None``: only the actor is trained; the critic's
-warm-up (``--critic-warmup-steps``) passes ``train_actor=False``: only the critic is. The
-critic makes ``critic_epochs`` passes over the batch, the actor ``epochs``; while both train,
-a minibatch updates the actor and then the critic, so with equal epochs the critic sees the
-same minibatches in the same order as when it had no epochs of its own. GRPO sets
+warm-up (``--critic-warmup-steps``) passes ``train_actor=False``: only the critic is, on the
+same minibatches in the same order. GRPO sets
 ``kl_loss_coef`` (beta): the loss becomes the clipped surrogate plus beta times the k3 KL to
 the reference, both token means over the micro-batch's real tokens.
 """
@@ -36,7 +34,6 @@ from ..forward import critic_values, policy_forward
 @dataclass
 class UpdateSettings:
     epochs: int = 1
-    critic_epochs: int | None = None  # None: epochs
     mini_batch_size: int = 32  # per process
     micro_batch_size: int = 32  # per process; mini_batch_size is a multiple of it
     clip_range: float = 0.2
@@ -60,23 +57,15 @@ def _select(experience, index: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator: torch.Generator | None = None,
                train_actor: bool = True) -> dict[str, float]:  # fmt: skip
-    """Run the PPO epochs on one Experience; return mean losses and diagnostics (each a mean
-    over the micro-batches that computed it)."""
+    """Run the PPO epochs on one Experience; return mean losses and diagnostics."""
     size = experience.batch_size
     prompt_length = experience.prompt_length
     sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    actor_epochs = settings.epochs if train_actor else 0
-    critic_epochs = 0 if critic is None else settings.critic_epochs or settings.epochs
-
-    def add(key: str, value: float) -> None:
-        sums[key] += value
-        counts[key] += 1
-
-    for model, epochs in ((actor, actor_epochs), (critic, critic_epochs)):
-        if model is not None and epochs:
+    count = 0
+    for model in (actor if train_actor else None, critic):
+        if model is not None:
             model.train()
-    for epoch in range(max(actor_epochs, critic_epochs)):
+    for _ in range(settings.epochs):
         order = torch.randperm(size, generator=generator).to(experience.mask.device)
         for start in range(0, size, settings.mini_batch_size):
             minibatch = order[start : start + settings.mini_batch_size]
@@ -84,7 +73,7 @@ def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator
                 part = _select(experience, minibatch[micro_start : micro_start + settings.micro_batch_size])
                 mask = part["mask"]
 
-                if epoch < actor_epochs:
+                if train_actor:
                     logp, entropy = policy_forward(
                         actor, part["sequences"], part["attention_mask"], prompt_length,
                         settings.temperature, with_entropy=True,
@@ -94,26 +83,27 @@ def ppo_update(actor, critic, experience, settings: UpdateSettings, *, generator
                         clip=settings.clip_range, ratio=settings.ratio, segment_ids=part["segment_ids"],
                         aggregation=settings.loss_aggregation, max_length=settings.max_new_tokens,
                     )
-                    add("policy_loss", float(actor_loss.detach()))
+                    sums["policy_loss"] += float(actor_loss.detach())
                     if settings.kl_loss_coef:
                         reference_kl = kl_loss(
                             logp, part["ref_logp"], mask, settings.loss_aggregation, settings.max_new_tokens
                         )
                         actor_loss = actor_loss + settings.kl_loss_coef * reference_kl
-                        add("kl_loss", float(reference_kl.detach()))
+                        sums["kl_loss"] += float(reference_kl.detach())
                     actor.backward(actor_loss)
                     actor.step()
-                    add("clip_fraction", float(actor_stats["clip_fraction"]))
-                    add("approx_kl", float(actor_stats["approx_kl"]))
-                    add("entropy", float(masked_mean(entropy, mask)))
+                    sums["clip_fraction"] += float(actor_stats["clip_fraction"])
+                    sums["approx_kl"] += float(actor_stats["approx_kl"])
+                    sums["entropy"] += float(masked_mean(entropy, mask))
 
-                if epoch < critic_epochs:
+                if critic is not None:
                     values = critic_values(critic, part["sequences"], part["attention_mask"], prompt_length)
                     critic_loss, critic_stats = value_loss(
                         values, part["values"], part["returns"], mask, clip=settings.value_clip_range
                     )
                     critic.backward(critic_loss)
                     critic.step()
-                    add("value_loss", float(critic_loss.detach()))
-                    add("value_clip_fraction", float(critic_stats["clip_fraction"]))
-    return {key: value / counts[key] for key, value in sums.items()}
+                    sums["value_loss"] += float(critic_loss.detach())
+                    sums["value_clip_fraction"] += float(critic_stats["clip_fraction"])
+                count += 1
+    return {key: value / max(count, 1) for key, value in sums.items()}

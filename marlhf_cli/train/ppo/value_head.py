@@ -7,9 +7,9 @@ causal LM such as the policy, a random-init alias) the head would be freshly ran
 noise is several times the spread of the returns it must fit (on ``tiny`` a value sd of
 about 0.16 against returns of sd 0.05): such a critic explains less than a constant for
 dozens of steps. So a new head starts at zero, weight and bias: the critic begins as the
-constant 0, and GAE with a constant critic is plain discounted returns (docs/method.md,
-"The critic's start"). ``random`` keeps the old behaviour (the credit study's first three
-editions pin it, so their records re-execute bit for bit).
+constant 0, and GAE with a constant critic is plain discounted returns
+(docs/method.md "Starting and fitting the critic"). ``random`` keeps the old behaviour (the
+credit study's first three editions pin it, so their records re-execute bit for bit).
 """
 
 from __future__ import annotations
