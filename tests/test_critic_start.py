@@ -227,6 +227,26 @@ def test_a_critic_without_a_trained_head_starts_at_exactly_zero(tmp_path, saved_
     assert kept.models.value_head == "reward-model"
     assert torch.equal(kept.models.critic.module.model.score.weight, saved_models["rm_head"])  # bit for bit
 
+    # with the reward model's own score as the reward (normalised by the spread marlhf rm stored:
+    # 2 here), the trained head starts in the reward's units: the saved head / 2, exactly
+    from marlhf_cli.train.ppo.models import build_models
+    from marlhf_cli.train.scoring import STD_KEY
+
+    scored = saved_models["rm"].parent / "rm-with-stats"
+    if not scored.is_dir():
+        import shutil
+
+        shutil.copytree(saved_models["rm"], scored)
+        config_file = scored / "config.json"
+        import json
+
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), STD_KEY: 2.0}))
+    config = _config(tmp_path / "units", reward_model=str(scored))
+    models = build_models(config, config.policy, config.reward_model, None)
+    assert models.value_head == "reward-model" and models.value_head_scale == 0.5
+    assert torch.equal(models.critic.module.model.score.weight, saved_models["rm_head"] / 2)
+    assert torch.equal(models.reward.model.score.weight, saved_models["rm_head"])  # the reward's own copy untouched
+
     legacy = _build(_config(tmp_path / "random", value_head_init="random"))  # what every critic got before
     from marlhf_cli.models import load_reward_model
 

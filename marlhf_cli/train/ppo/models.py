@@ -13,8 +13,8 @@ from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from . import value_head
 from .generation import GenerationModel
-from .rewards import RewardFn, RewardModelReward, WeightedRewards
-from .settings import is_critic_free, make_rewards, micro_batch, optimizer_steps, reward_weights, run_name
+from .rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
+from .settings import is_critic_free, make_rewards, micro_batch, optimizer_steps, reward_specs, reward_weights, run_name
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Models:
     # --value-head-init as resolved (value_head.INITS); None: no critic, or one that continues
     # an earlier run's (an extension)
     value_head: str | None = None
+    value_head_scale: float = 1.0  # a reward-model head's factor to the reward's units
 
 
 def build_models(config, policy: str, reward_model: str, rewards: RewardFn | list | None, extension: extending.Extension | None = None) -> Models:
@@ -61,11 +62,13 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
     whole_start = extension is not None and not adapted  # no adapters: the exported weights themselves
     actor_model = load_causal_lm(actor_start if whole_start else policy, dtype=dtype)
     reference = None if adapted else load_causal_lm(policy, dtype=dtype)
-    critic_model, head = None, None
+    critic_model, head, scale = None, None, 1.0
     if not is_critic_free(config):
         critic_model, trained = load_score_model(critic_start if whole_start else reward_model, dtype=dtype)
         if extension is None:  # an extension's critic goes on from the finished run's
             head = value_head.resolve(config.value_head_init, trained, reward_model)
+        if head == "reward-model" and (rewards is None or isinstance(rewards, list)):  # the reward is --reward's
+            scale = _reward_units(config, critic_model)
     for model in (actor_model, reference, critic_model):
         if model is not None:
             disable_dropout(model)
@@ -86,7 +89,7 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
             common.say("critic: " + lora.trainable_summary(critic_model))
             saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{run_name(config)} critic")
     if head is not None:  # after LoRA: only the critic's trained copy of the head, not the reward's
-        value_head.start(critic_model, head, trained=trained, seed=config.seed)
+        value_head.start(critic_model, head, trained=trained, seed=config.seed, scale=scale)
     actor = eng.build_engine(
         actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=optimizer_steps(config, "actor")
     )
@@ -127,7 +130,19 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
         disable_dropout(model)
         return lora.add_adapters(model, config, task="causal") if adapted else model
 
-    return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy), **saves, value_head=head)
+    return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy), **saves,
+                  value_head=head, value_head_scale=scale)  # fmt: skip
+
+
+def _reward_units(config, critic_model) -> float:
+    """weight / std of the reward model's score in the reward PPO optimises (RewardModelReward
+    normalises it by the held-out spread marlhf rm stored); 1 without the reward model."""
+    specs = reward_specs(config)
+    if "model" not in specs:
+        return 1.0
+    weight = reward_weights(config)[specs.index("model")]
+    std = score_statistics(critic_model)[1]
+    return weight / (std if std > 1e-6 else 1.0)
 
 
 class BaseModelReward(RewardModelReward):

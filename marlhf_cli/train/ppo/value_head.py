@@ -47,14 +47,22 @@ def score_head(model) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def start(model, init: str, *, trained: bool, seed: int) -> None:
+def start(model, init: str, *, trained: bool, seed: int, scale: float = 1.0) -> None:
     """Set ``model``'s value head for ``init`` (a :func:`resolve` result), in place.
 
-    ``random`` on a head that is already random (not ``trained``) keeps it as loaded, the
-    exact head earlier versions started from; on a trained head it draws a new one with the
-    model's own initialiser scale (``initializer_range``), from ``seed``.
+    ``reward-model`` keeps the trained head, multiplied by ``scale``: the reward PPO optimises
+    is the reward model's score normalised by its held-out spread (and weighted, with several
+    rewards), so a head in the reward's units is the raw head times weight / std; 1 where the
+    reward is not the reward model's score, or its spread was not stored. ``random`` on a
+    head that is already random (not ``trained``) keeps it as loaded, the exact head earlier
+    versions started from; on a trained head it draws a new one with the model's own
+    initialiser scale (``initializer_range``), from ``seed``.
     """
     head = score_head(model)
+    if init == "reward-model" and scale != 1.0:
+        head.weight.mul_(scale)
+        if head.bias is not None:
+            head.bias.mul_(scale)
     if init == "zero":
         head.weight.zero_()
         if head.bias is not None:
@@ -67,10 +75,11 @@ def start(model, init: str, *, trained: bool, seed: int) -> None:
             head.bias.zero_()
 
 
-def describe(init: str, source: str) -> str:
+def describe(init: str, source: str, scale: float = 1.0) -> str:
     """The start-up line's words for the critic's start."""
+    units = "" if scale == 1.0 else f" (x {scale:.3g}: in the reward's units)"
     return {
-        "reward-model": f"critic from {source} with its trained reward-model head",
+        "reward-model": f"critic from {source} with its trained reward-model head{units}",
         "zero": f"critic from {source} with a zero value head",
         "random": f"critic from {source} with a random value head",
     }[init]
