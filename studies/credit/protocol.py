@@ -24,7 +24,8 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent  # each edition's folder: its protocol and its records
-PROTOCOL_FILES = {1: HERE / "first" / "protocol.yaml", 2: HERE / "second" / "protocol.yaml", 3: HERE / "third" / "protocol.yaml"}
+PROTOCOL_FILES = {1: HERE / "first" / "protocol.yaml", 2: HERE / "second" / "protocol.yaml", 3: HERE / "third" / "protocol.yaml",
+                  4: HERE / "fourth" / "protocol.yaml"}
 PROTOCOL_FILE = PROTOCOL_FILES[2]
 AXES = ("steps", "responses", "tokens")
 AXIS_LABELS = {"steps": "PPO steps", "responses": "responses generated", "tokens": "tokens generated"}
