@@ -1,4 +1,5 @@
-"""PPO throughput of marlhf against TRL 1.12.0's PPOTrainer: same models, prompts and settings.
+"""PPO throughput of marlhf against TRL 1.12.0's PPOTrainer, and GRPO's against TRL's current
+GRPOTrainer (``--algorithm grpo``): same models, prompts and settings.
 
     python3 -m venv benchmarks/.venv-trl \\
       && benchmarks/.venv-trl/bin/pip install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu \\
@@ -40,6 +41,19 @@ the ratio of every round (each round's marlhf run against the same round's TRL r
 over trl-shipped is reported too, labelled. ``--marlhf-dtype bf16`` runs marlhf in bf16
 against TRL in ``--dtype``.
 
+``--algorithm grpo`` (issue 44) sets ``marlhf ppo --advantage grpo`` against the
+``GRPOTrainer`` of TRL's newest release, the trainer a single-GPU user picks today (TRL removed
+PPO in 1.13), from its own virtualenv (``--trl-grpo-python``, default
+``benchmarks/.venv-trl-new/bin/python``: ``pip install torch==2.13.0`` then ``trl``), through
+``_trl_grpo_worker.py``. Like for like: the same policy and reward model, the same prompt
+texts (cut to ``--prompt-tokens`` tokens and decoded, so neither tool cuts them again),
+``--batch`` completions per step in groups of ``--group``, the same length limit,
+temperature 0.8 with no top-k/top-p, KL 0.05 as a k3 loss term against the reference, clip
+0.2, group-normalised scores, token-mean loss (TRL's ``dapo``), lr 1.5e-5 constant, one
+iteration per batch, in ``--dtype``. TRL generates with ``model.generate``, or with
+transformers' continuous batching with ``--paged`` (its fast path without vLLM, for a GPU).
+Per step: tokens per second and generation's share, for both.
+
 Differences that stay (each tool's design): TRL samples with ``model.generate`` and trains
 policy and value with one optimizer and one backward; marlhf samples with its own KV-cached
 loop (``--generation``: on CUDA by default its compiled sampler, each token's step one replayed
@@ -62,7 +76,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
 
 TRL_PYTHON = H.BENCH_DIR / ".venv-trl" / "bin" / "python"
-SETTINGS = dict(batch=8, new_tokens=64, temperature=0.8)
+TRL_NEW_PYTHON = H.BENCH_DIR / ".venv-trl-new" / "bin" / "python"  # TRL's newest release: its GRPOTrainer
+SETTINGS = dict(batch=8, new_tokens=64, temperature=0.8, group=4)
 
 
 def prepare(work: Path, args) -> dict:
@@ -120,11 +135,24 @@ def write_prompts(work: Path, args, tokenizer, params: int) -> dict:
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": " ok"}) + "\n" for p in prompts))
     ids = [encode_prompt(tokenizer, p, args.prompt_tokens) for p in prompts]
     (work / "prompt_ids.json").write_text(json.dumps(ids))
+    # GRPO: the cut prompts as text, which both tools tokenize whole (TRL's GRPOTrainer cuts nothing)
+    cut = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
+    (work / "prompts-cut.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": " ok"}) + "\n" for p in cut))
     return {"params": params, "prompts": len(prompts), "source": source}
 
 
 def marlhf_config(work: Path, args, *, steps: int):
-    """The stage's config for the comparison: vanilla PPO with the settings above."""
+    """The stage's config for the comparison: vanilla PPO (or GRPO) with the settings above."""
+    if args.algorithm == "grpo":
+        group = SETTINGS["group"]
+        return H.ppo_config(
+            work / f"marlhf-run-{time.time_ns()}", policy=str(work / "policy"), reward_model=str(work / "reward"),
+            dataset=str(work / "prompts-cut.jsonl"), advantage="grpo", samples_per_prompt=group,
+            rollout_batch_size=SETTINGS["batch"] // group, mini_batch_size=SETTINGS["batch"], ppo_epochs=1,
+            max_new_tokens=SETTINGS["new_tokens"], max_prompt_length=4 * args.prompt_tokens, temperature=SETTINGS["temperature"],
+            top_k=0, top_p=1.0, kl_coef=0.05, clip_range=0.2, actor_lr=1.5e-5, lr_scheduler="constant", dtype=args.dtype,
+            max_steps=steps, generation=args.generation, eval_every=0, eval_prompts=0, save_every=0, seed=0,
+        )  # fmt: skip
     return H.ppo_config(
         work / f"marlhf-run-{time.time_ns()}", policy=str(work / "policy"), reward_model=str(work / "reward"),
         dataset=str(work / "prompts.jsonl"),
@@ -168,6 +196,7 @@ def marlhf_worker(args) -> None:
 
 
 TOOLS = ("marlhf", "trl-core", "trl-shipped")
+GRPO_TOOLS = ("marlhf", "trl-grpo")
 PHASES = ("generation_time", "scoring_time", "credit_time", "training_time", "gc_time", "other_time")
 
 
@@ -177,8 +206,15 @@ def run_tool(tool: str, work: Path, args, index: int) -> dict:
     common = ["--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device, "--out", str(out)]
     if tool == "marlhf":
         command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work), "--dtype", args.marlhf_dtype or args.dtype,
-                   "--prompt-tokens", str(args.prompt_tokens), "--batch", str(SETTINGS["batch"]),
-                   "--new-tokens", str(SETTINGS["new_tokens"]), "--generation", args.generation, *common]  # fmt: skip
+                   "--prompt-tokens", str(args.prompt_tokens), "--batch", str(SETTINGS["batch"]), "--group", str(SETTINGS["group"]),
+                   "--new-tokens", str(SETTINGS["new_tokens"]), "--generation", args.generation, "--algorithm", args.algorithm,
+                   *common]  # fmt: skip
+    elif tool == "trl-grpo":
+        command = [str(args.trl_grpo_python), str(H.BENCH_DIR / "_trl_grpo_worker.py"), "--policy", str(work / "policy"),
+                   "--reward", str(work / "reward"), "--prompts", str(work / "prompts-cut.jsonl"), "--work-dir", str(work),
+                   "--batch", str(SETTINGS["batch"]), "--group", str(SETTINGS["group"]), "--new-tokens", str(SETTINGS["new_tokens"]),
+                   "--dtype", args.trl_dtype or args.dtype, "--temperature", str(SETTINGS["temperature"]),
+                   *(["--paged"] if args.paged else []), *common]  # fmt: skip
     else:
         command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
@@ -220,6 +256,12 @@ def main() -> None:
     parser.add_argument("--no-shipped", action="store_true", help="skip the runs of TRL as shipped (gc.collect on)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
                         help="an interpreter with trl 1.12.0 (default: benchmarks/.venv-trl; python3 where TRL is installed beside marlhf)")
+    parser.add_argument("--algorithm", choices=("ppo", "grpo"), default="ppo",
+                        help="ppo: against TRL 1.12's PPOTrainer; grpo: marlhf's --advantage grpo against TRL's current GRPOTrainer")
+    parser.add_argument("--group", type=int, default=SETTINGS["group"], help="grpo: completions per prompt (default %(default)s)")
+    parser.add_argument("--trl-grpo-python", type=Path, default=TRL_NEW_PYTHON,
+                        help="grpo: an interpreter with TRL's newest release (default: benchmarks/.venv-trl-new)")
+    parser.add_argument("--paged", action="store_true", help="grpo: TRL generates with transformers' continuous batching")
     parser.add_argument("--generation", choices=("auto", "eager", "compiled"), default="auto",
                         help="marlhf's sampler (--generation; auto: compiled on CUDA, eager on a CPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
@@ -229,11 +271,14 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     H.add_device_args(parser)
     args = parser.parse_args()
-    SETTINGS.update(batch=args.batch, new_tokens=args.new_tokens)
+    SETTINGS.update(batch=args.batch, new_tokens=args.new_tokens, group=args.group)
     if args.marlhf_worker:
         return marlhf_worker(args)
-    if not args.trl_python.is_file():
-        sys.exit(f"no TRL virtualenv at {args.trl_python}; create it with the two commands in this script's docstring")
+    trl_python = args.trl_grpo_python if args.algorithm == "grpo" else args.trl_python
+    if not Path(trl_python).is_file():
+        sys.exit(f"no TRL virtualenv at {trl_python}; create it with the commands in this script's docstring")
+    if args.algorithm == "grpo" and SETTINGS["batch"] % SETTINGS["group"]:
+        sys.exit(f"--batch {SETTINGS['batch']} must be a multiple of --group {SETTINGS['group']}")
     H.apply_device_args(args)
     print(H.machine_line(args))
     work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-"))
@@ -245,26 +290,30 @@ def main() -> None:
 
         gc.collect()
         torch.cuda.empty_cache()
-    tools = TOOLS[:2] if args.no_shipped else TOOLS
+    tools = GRPO_TOOLS if args.algorithm == "grpo" else TOOLS[:2] if args.no_shipped else TOOLS
     print(f"# prompts from {info['source']}")
+    if args.algorithm == "grpo":
+        print(f"# GRPO: {SETTINGS['batch']} completions per step, {SETTINGS['group']} per prompt, KL 0.05 (k3, in the loss), "
+              f"token-mean loss, group-normalised scores; TRL generates with {'continuous batching' if args.paged else 'model.generate'}")  # fmt: skip
     print(f"# {args.model or 'random-init Llama'}, {info['params'] / 1e6:.1f}M params (policy; reference, value and reward models alike), "
           f"batch {SETTINGS['batch']}, {SETTINGS['new_tokens']} new tokens, prompts of {args.prompt_tokens} tokens, "
           f"{args.steps} steps per run ({args.warmup} warm-up), {args.rounds} alternating runs per tool; "
           f"marlhf {args.marlhf_dtype or args.dtype}, TRL {args.trl_dtype or args.dtype}; work dir {work}")  # fmt: skip
-    print("# trl-core: TRL with gc.collect() made a no-op in its process (TRL calls it twice per step; not PPO work); "
-          "trl-shipped: TRL as installed")  # fmt: skip
+    if args.algorithm == "ppo":
+        print("# trl-core: TRL with gc.collect() made a no-op in its process (TRL calls it twice per step; not PPO work); "
+              "trl-shipped: TRL as installed")  # fmt: skip
     results: dict[str, list[dict]] = {tool: [] for tool in tools}
     for index in range(args.rounds):
         for tool in (tools if index % 2 == 0 else tools[::-1]):
             results[tool].append(run_tool(tool, work, args, index))
             print(f"# {tool} run {index + 1} done ({results[tool][-1]['process_seconds']:.0f} s for the whole process)", flush=True)
     report(results, args)
-    figures = flops_report(results, args) if args.device == "cuda" or args.flops else {}
+    figures = flops_report(results, args) if (args.device == "cuda" or args.flops) and args.algorithm == "ppo" else {}
     if args.json:
         from marlhf_cli.artifacts import write_json
 
         write_json(args.json, {"machine": H.machine_line(args), "model": args.model, "params": info["params"],
-                               "settings": SETTINGS, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                               "algorithm": args.algorithm, "settings": SETTINGS, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                                "dtype": {"marlhf": args.marlhf_dtype or args.dtype, "trl": args.trl_dtype or args.dtype},
                                "tools": {tool: {"step_median": statistics.median([t for r in runs for t in r["step_times"][args.warmup:]]),
                                                 "tokens_per_step": statistics.mean(tokens_of(r) for r in runs),
@@ -337,7 +386,8 @@ def report(results: dict[str, list[dict]], args) -> None:
             (tokens_of(m) / step_median(m, w)) / (tokens_of(t) / step_median(t, w))
             for m, t in zip(results["marlhf"], results[peer])
         ]
-        label = "TRL core (gc.collect no-op), the like-for-like figure" if peer == "trl-core" else "TRL as shipped"
+        label = {"trl-core": "TRL core (gc.collect no-op), the like-for-like figure", "trl-shipped": "TRL as shipped"}.get(
+            peer, f"{results[peer][0]['tool']}, like for like")
         print(f"marlhf / {label}: tokens per second = {speed['marlhf'] / speed[peer]:.2f}x "
               f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")  # fmt: skip
 

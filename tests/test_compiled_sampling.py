@@ -115,9 +115,8 @@ def test_the_compiled_log_probs_are_a_full_forwards(llama):
     assert torch.allclose(logp[real.bool()], full[real.bool()], atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("model_type", static_cache.SUPPORTED_MODEL_TYPES)
-def test_every_architecture_the_static_cache_accepts_draws_the_eager_tokens(model_type):
-    """The list of architectures is the list checked here: a tiny random model of each."""
+def tiny_of(model_type: str):
+    """A tiny random model of ``model_type`` (a static_cache.SUPPORTED_MODEL_TYPES entry)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -125,15 +124,27 @@ def test_every_architecture_the_static_cache_accepts_draws_the_eager_tokens(mode
                  eos_token_id=EOS)  # fmt: skip
     if model_type == "gpt2":
         sizes = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=EOS)
+    if model_type == "gpt_neox":  # GPT-NeoX has no grouped-query attention: a stray head count would go unread
+        del sizes["num_key_value_heads"]
     config = AutoConfig.for_model(model_type, **sizes)
     if static_cache.unsupported(config, 64) is not None:  # a default window shorter than the test's cache
         config.sliding_window = None
     assert static_cache.unsupported(config, 64) is None
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", static_cache.SUPPORTED_MODEL_TYPES)
+def test_every_architecture_the_static_cache_accepts_draws_the_eager_tokens(model_type):
+    """The list of architectures is the list checked here: a tiny random model of each."""
+    model = tiny_of(model_type)
     eager, compiled = _both(model, dict(CASES["plain"], max_new_tokens=24), repeats=2)
     assert _agree(eager, compiled) >= 0.99
-    assert compiled_sampling.captures(model) == 1  # it ran compiled, not through the fallback
+    sampler = compiled_sampling.sampler_for(model)
+    # it ran compiled, not through the fallback: one bucket made, every token after the
+    # prefill's drawn by the static-cache step (on a GPU: by replaying it, tests/test_gpu.py)
+    assert sampler.unfit is None and compiled_sampling.captures(model) == 1 and sampler.steps == eager[0].shape[1] - 1
+    assert static_cache.host_read(model, _meta_shape()) is None  # its step reads nothing back to the host
 
 
 def test_the_step_reads_nothing_back_to_the_host():
@@ -262,6 +273,211 @@ def test_a_model_the_static_cache_does_not_cover_samples_eagerly(monkeypatch):
                         "the static cache is used with explicit position ids")  # fmt: skip
 
 
+class _Recording:
+    """A stand-in for a CUDA graph on a CPU: a replay runs the step, and fails at ``fails_at``."""
+
+    def __init__(self, bucket, net, fails_at):
+        self.bucket, self.net, self.fails_at, self.calls = bucket, net, fails_at, 0
+
+    def replay(self):
+        self.calls += 1
+        if self.calls == self.fails_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+        self.bucket.decode(self.net)
+
+
+@pytest.mark.parametrize("fails", ["record", "replay"])
+def test_a_failed_recording_or_replay_samples_eagerly_for_the_rest_of_the_run(llama, monkeypatch, fails):
+    """An error while recording the step or replaying it (a kernel CUDA cannot capture, a
+    device error) never ends the run: that call and every later one sample eagerly, from the
+    random state the call began with (so the draws are the eager loop's), and one line says why."""
+    said = []
+    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr(compiled_sampling, "records", lambda device: True)  # as on CUDA
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def record(bucket, net, pool):
+        if fails == "record":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        bucket.graph = _Recording(bucket, net, fails_at=5)
+
+    monkeypatch.setattr(static_cache.Bucket, "record", record)
+    for seed in (1, 2):
+        eager, compiled = _both(llama, CASES["temperature 0.7, top-k 5"], seed=seed)
+        assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[2], compiled[2])
+    sampler = compiled_sampling.sampler_for(llama)
+    assert not sampler.buckets and compiled_sampling.captures(llama) == (0 if fails == "record" else 1)
+    error = "operation not permitted when stream is capturing" if fails == "record" else "an illegal memory access was encountered"
+    assert said == [f"generation: eager, not compiled: the static-cache step failed (RuntimeError: CUDA error: {error}); "
+                    "eager for the rest of the run"]  # fmt: skip
+    if fails == "replay":
+        assert compiled_sampling.replays(llama) == 4  # four tokens replayed before the fifth failed
+
+
+def _cache_traffic(model, bucket) -> int:
+    """Bytes one decoding step moves in tensors shaped like the cache (a dimension of its
+    length and one of its head size), counting what each op reads and writes, an expanded
+    tensor by its distinct elements; views move nothing, and the new column's in-place write
+    is left out (the same for every attention)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    length, dim = bucket.shape.length, bucket.cache.keys[0].shape[-1]
+
+    def size(t) -> int:
+        if not isinstance(t, torch.Tensor) or length not in t.shape or dim not in t.shape:
+            return 0
+        distinct = 1
+        for n, stride in zip(t.shape, t.stride()):
+            distinct *= n if stride else 1
+        return distinct * t.element_size()
+
+    class Count(TorchDispatchMode):
+        moved = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view and not func._schema.name.endswith("_"):
+                flat = torch.utils._pytree.tree_leaves((args, kwargs, out))
+                Count.moved += sum(size(t) for t in flat)
+            return out
+
+    with torch.no_grad(), Count():
+        bucket.decode(model)
+    return Count.moved
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_grouped_query_attention_reads_the_cache_once(monkeypatch, attention):
+    """Two query heads per key-value head: the decoding step's attention reads the cache once
+    per layer (decode_attention.attention), where repeat_kv would read it, write a copy per
+    query head and read the copies: (kv + 2 x query heads) / kv times the bytes, 5x here (4
+    heads over 2), 7x for SmolLM2-135M (9 over 3): decode_attention.attention_bytes_per_token,
+    exactly what the grouped step moves, and at most what the model's own eager attention moves
+    (its matmuls copy the transposed keys once more)."""
+    from marlhf_cli.train.ppo import decode_attention
+
+    model = _llama(attn_implementation=attention)
+    shape = static_cache.Shape(rows=4, length=64, top_k=0, nucleus=False, stops=(EOS,), pad=PAD, dtype=torch.float32,
+                               device=torch.device("cpu"))  # fmt: skip
+    bucket = static_cache.Bucket(model, shape, cache_argument(model))
+    grouped = decode_attention.attention_bytes_per_token(model.config, 4, 64, torch.float32, grouped=True)
+    copied = decode_attention.attention_bytes_per_token(model.config, 4, 64, torch.float32, grouped=False)
+    assert _cache_traffic(model, bucket) == grouped == 2 * 2 * 4 * 2 * 64 * 8 * 4  # layers x K,V x rows x kv heads x L x D x 4 bytes
+    if attention == "eager":  # the model's own eager attention copies the cache per query head
+        import contextlib
+
+        monkeypatch.setattr(static_cache, "decoding", lambda config: contextlib.nullcontext())
+        assert _cache_traffic(model, bucket) >= copied
+    assert copied == 5 * grouped
+
+
+def _ops(function) -> int:
+    """The aten ops ``function()`` dispatches, views left out (they launch no kernel)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count():
+        function()
+    return Count.ops
+
+
+def test_the_decoding_step_holds_its_kernel_count():
+    """One decoding step at SmolLM2-135M's shape (30 layers, sdpa, bf16, 8 rows x 256 columns,
+    top-k and top-p), counted on the meta device: what a recording replays. The sampling part is
+    37 ops; the model's forward is the rest (on the meta device sdpa runs its decomposed form,
+    8 ops a layer where CUDA launches one kernel). A change that adds ops fails here: the
+    count is held, and lowered when a change cuts some."""
+    from transformers import LlamaForCausalLM
+
+    from marlhf_cli.models import SMOLLM2_COMMON, SMOLLM2_SHAPES, load_tokenizer, tiny_config
+
+    config = tiny_config(load_tokenizer("tiny"), **SMOLLM2_COMMON, **SMOLLM2_SHAPES["smollm2-135m"])
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    shape = static_cache.Shape(rows=8, length=256, top_k=50, nucleus=True, stops=(2,), pad=2, dtype=torch.bfloat16,
+                               device=torch.device("meta"))  # fmt: skip
+    bucket = static_cache.Bucket(model, shape, cache_argument(model))
+    logits = torch.empty(8, config.vocab_size, device="meta")
+    assert _ops(lambda: bucket.choose(logits)) <= 37
+    assert _ops(lambda: bucket.decode(model)) <= 1836
+
+
+def _meta_shape():
+    return static_cache.Shape(rows=4, length=64, top_k=5, nucleus=True, stops=(EOS,), pad=PAD, dtype=torch.bfloat16,
+                              device=torch.device("meta"))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["dynamic rope", "mixtral eager experts"])
+def test_a_step_that_reads_a_value_back_is_found_by_running_it_and_sampled_eagerly(monkeypatch, case):
+    """Before its first recording, the step runs once on the meta device for the model's own
+    config: a host read there (dynamic RoPE's .item(), eager experts' nonzero) means eager
+    sampling, said once, instead of a capture that fails or records a stale value."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    said = []
+    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr(compiled_sampling, "records", lambda device: True)  # as on CUDA
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(static_cache.Bucket, "record", lambda bucket, net, pool: pytest.fail("recorded a step that reads the host"))
+    if case == "dynamic rope":
+        model = _llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+        read = "RuntimeError: Tensor.item() cannot be called on meta tensors"
+    else:
+        config = AutoConfig.for_model("mixtral", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, eos_token_id=EOS)  # fmt: skip
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, experts_implementation="eager").eval()
+        read = "NotImplementedError: The register_meta function for torch.nonzero()"
+    eager, compiled = _both(model, CASES["plain"])
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[2], compiled[2])
+    _both(model, CASES["plain"], seed=2)
+    assert compiled_sampling.captures(model) == 0 and len(said) == 1
+    assert said[0].startswith(f"generation: eager, not compiled: its decoding step reads a value back to the host ({read}")
+    assert said[0].endswith("which a CUDA graph cannot record")
+
+
+def test_the_caches_make_room_for_the_update_unless_measured_to_fit(llama, monkeypatch):
+    """On CUDA (mocked: a 100 GB device): the buckets are freed before the first update; then
+    kept through an update while its measured peak plus what they hold stays under 90% of the
+    device, and freed again when a peak with them held goes past it. A CPU keeps them."""
+    said, peaks = [], iter([50e9, 70e9, 95e9])
+    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr(compiled_sampling, "measures", lambda device: True)
+    monkeypatch.setattr(compiled_sampling, "total_bytes", lambda device: 100e9)
+    monkeypatch.setattr(compiled_sampling, "peak_bytes", lambda device: next(peaks))
+    monkeypatch.setattr(compiled_sampling, "bucket_bytes", lambda *args: int(30e9))
+    monkeypatch.setattr(compiled_sampling, "free_bytes", lambda device: 1 << 62)
+    sampler = compiled_sampling.sampler_for(llama)
+    kept = []
+    for step in range(3):
+        _sampled_logprobs(llama)
+        assert len(sampler.buckets) == 1
+        compiled_sampling.before_training(llama)
+        kept.append(bool(sampler.buckets))
+        compiled_sampling.after_training(llama, "cpu")
+    # 1st: nothing measured yet; 2nd: 50 + 30 <= 90; 3rd: the peak with them held was 70 <= 90
+    assert kept == [False, True, True] and compiled_sampling.captures(llama) == 2
+    _sampled_logprobs(llama)
+    compiled_sampling.before_training(llama)  # the last update peaked at 95 with them held
+    assert not sampler.buckets and compiled_sampling.captures(llama) == 2
+    assert said == ["generation: the static caches (27.94 GiB) are freed before each update and made again at the next "
+                    "rollout, until an update is measured to leave room for them"]  # fmt: skip
+    assert compiled_sampling.keeps(10, None, False, 100) is False and compiled_sampling.keeps(10, 80, False, 100) is True
+
+    monkeypatch.setattr(compiled_sampling, "measures", lambda device: device.type == "cuda")
+    cpu = _llama(seed=4)
+    _sampled_logprobs(cpu)
+    compiled_sampling.before_training(cpu)
+    assert compiled_sampling.sampler_for(cpu).buckets  # a CPU keeps its buckets
+
+
 def test_auto_is_compiled_on_cuda_and_eager_on_a_cpu(monkeypatch):
     assert compiled_sampling.resolve("eager") == ("eager", None)
     assert compiled_sampling.resolve("compiled") == ("compiled", None)
@@ -297,7 +513,7 @@ def _ppo_rows(tmp_path, generation: str, **flags) -> list[dict]:
                 max_new_tokens=8, max_prompt_length=48, max_steps=2, eval_every=1, eval_prompts=2, save_every=0,
                 actor_lr=1e-3, seed=5, run_dir=str(tmp_path / generation), generation=generation, name="run")  # fmt: skip
     ppo.run(config_module.resolve("ppo", flags={**base, **flags}))
-    volatile = ("time", "tokens_per_second", "generation_captures")
+    volatile = ("time", "tokens_per_second", "generation_captures", "generation_replays")
     return [{k: v for k, v in row.items() if k not in volatile and not k.endswith("_time")}
             for row in read_jsonl(tmp_path / generation / "metrics" / "ppo-run.jsonl")]  # fmt: skip
 

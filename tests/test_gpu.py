@@ -211,6 +211,33 @@ def test_the_compiled_sampler_replays_one_graph_and_draws_the_eager_tokens(recor
     _used_the_gpu()
 
 
+def test_every_architecture_replays_its_recorded_step(record_property):
+    """Each architecture on static_cache.SUPPORTED_MODEL_TYPES, tiny, fp32, on the GPU: its
+    step recorded and replayed (counted), the eager tokens drawn; every one that fell back is
+    named (the record property ``fell_back``) and fails the test."""
+    from test_compiled_sampling import CASES, _agree, _both, tiny_of
+
+    from marlhf_cli.train.ppo import compiled_sampling, static_cache
+
+    fell_back = {}
+    for model_type in static_cache.SUPPORTED_MODEL_TYPES:
+        model = tiny_of(model_type).to(DEVICE)
+        eager, compiled = _both(model, dict(CASES["plain"], max_new_tokens=24), repeats=2, **_on_device())
+        sampler = compiled_sampling.sampler_for(model)
+        if sampler.unfit is not None or (CUDA and compiled_sampling.replays(model) == 0):
+            fell_back[model_type] = sampler.unfit or "nothing replayed"
+        elif not CUDA:
+            assert _agree(eager, compiled) >= 0.99, model_type
+    record_property("fell_back", json.dumps(fell_back))
+    assert not fell_back, fell_back
+
+
+def _on_device() -> dict:
+    from test_compiled_sampling import MASK, PROMPT
+
+    return {"prompt": PROMPT.to(DEVICE), "mask": MASK.to(DEVICE)}
+
+
 @pytest.mark.parametrize("dtype, zero_stage", [("fp32", 0), ("bf16", 0), ("bf16", 2)])
 def test_the_recorded_step_reads_the_weights_an_optimizer_step_wrote(dtype, zero_stage):
     """A DeepSpeed engine's optimizer step, then the compiled sampler's next call: no new

@@ -38,6 +38,17 @@ def _trl_importable() -> bool:
     return subprocess.run([sys.executable, "-c", "import trl"], capture_output=True).returncode == 0
 
 
+def test_first_stage(tmp_path):
+    """The first minute on a GPU: every check PASS or FAIL on its own line, a JSON of them."""
+    done = _suite("first", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    checks = json.loads((tmp_path / "first.json").read_text())["checks"]
+    assert [c["check"] for c in checks] == ["sampling ops", "exact in fp32", "stale weights", "bf16 gap",
+                                            "ms per token, batch 8", "ms per token, batch 64"]  # fmt: skip
+    assert all(c["status"] == "PASS" for c in checks) and "# first contact on cpu: 6 of 6 passed" in done.stdout
+    assert "# suite first passed" in done.stdout
+
+
 def test_speed_stage(tmp_path):
     done = _suite("speed", tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The GPU suite: three stages, each one command of under 9 minutes on an H100.
+# The GPU suite: four stages, each one command of under 9 minutes on an H100.
 #
 #   benchmarks/gpu/suite.sh STAGE OUTDIR [--device cpu]
 #
+#   first  benchmarks/gpu/first_contact.py, under 90 s: the compiled sampler's checks no CPU can
+#          make (sampling ops recorded alone, fp32 exactness, stale weights, the bf16 gap, ms per
+#          token eager against compiled), each PASS or FAIL, all run whatever fails
+#          -> OUTDIR/first.log, OUTDIR/first.json
 #   tests  pytest -m gpu (tests/test_gpu.py): sft, rm, PPO / MA-PPO / RLOO / GRPO in bf16, ZeRO 0-3,
 #          the KV-cached sampler against a full forward, SIGKILL + --resume
 #          -> OUTDIR/tests.log, OUTDIR/tests.xml (JUnit, with the sampler's measured gaps)
@@ -27,7 +31,7 @@ STAGE=${1:-}
 OUT=${2:-}
 DEVICE=${MARLHF_SUITE_DEVICE:-cuda}
 [ "${3:-}" = "--device" ] && DEVICE=${4:-}
-case "$STAGE" in tests | speed | study) ;; *) echo "usage: benchmarks/gpu/suite.sh tests|speed|study OUTDIR [--device cpu]" >&2; exit 2 ;; esac
+case "$STAGE" in first | tests | speed | study) ;; *) echo "usage: benchmarks/gpu/suite.sh first|tests|speed|study OUTDIR [--device cpu]" >&2; exit 2 ;; esac
 [ -n "$OUT" ] || { echo "suite: OUTDIR missing" >&2; exit 2; }
 case "$DEVICE" in cuda | cpu) ;; *) echo "suite: --device is cuda or cpu, not '$DEVICE'" >&2; exit 2 ;; esac
 
@@ -68,6 +72,7 @@ stage() {
         "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'suite: torch sees no GPU; --device cpu runs the dry run')" || return 1
     fi
     case "$STAGE" in
+    first) first_stage ;;
     tests) tests_stage ;;
     speed) speed_stage ;;
     study) study_stage ;;
@@ -77,6 +82,12 @@ stage() {
         return 1
     fi
     echo "# suite $STAGE passed; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+}
+
+first_stage() {
+    local quick=()
+    [ "$DEVICE" = cpu ] && quick=(--quick)
+    part "first contact" 90 "$PYTHON" benchmarks/gpu/first_contact.py --device "$DEVICE" "${quick[@]}" --json "$OUT/first.json"
 }
 
 tests_stage() {
@@ -113,6 +124,15 @@ speed_stage() {
         FAILED+=("vs_trl: $trl_python cannot import trl (install trl==1.12.0)")
     else
         echo "## vs_trl $small_name: SKIPPED in the dry run: $trl_python cannot import trl (pip install --no-deps trl==1.12.0)"
+    fi
+    # GRPO against TRL's current GRPOTrainer: an interpreter with TRL's newest release (its own site,
+    # since trl 1.12 serves vs_trl above); its wheels are not carried to the lent machine yet
+    local grpo_python=${MARLHF_TRL_NEW_PYTHON:-}
+    if [ -n "$grpo_python" ] && "$grpo_python" -c "import trl, sys; sys.exit(int(trl.__version__.split('.')[1]) < 13)" 2>/dev/null; then
+        part "grpo vs TRL $small_name" 110 "$PYTHON" benchmarks/vs_trl.py --algorithm grpo --model "$small" "${trl[@]}" \
+            --rounds 1 --trl-grpo-python "$grpo_python" "${device[@]}" --json "$OUT/vs_trl_grpo-$small_name.json"
+    else
+        echo "## grpo vs TRL $small_name: SKIPPED: MARLHF_TRL_NEW_PYTHON names no interpreter with TRL 1.13 or later"
     fi
     part "speed report" 60 "$PYTHON" "$HERE/speed_report.py" "$OUT"
 }

@@ -227,7 +227,9 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     trained = time.perf_counter()
     warming = step < config.critic_warmup_steps and models.critic is not None
     generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
+    compiled_sampling.before_training(sampler)  # the static caches make room for the update unless measured to fit
     update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator, train_actor=not warming)
+    compiled_sampling.after_training(sampler, models.device)
     training_seconds = time.perf_counter() - trained
 
     timings = {
@@ -243,6 +245,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     metrics["step_time"] = time.perf_counter() - began
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
     metrics["generation_captures"] = float(compiled_sampling.captures(sampler))  # flat after the first steps
+    metrics["generation_replays"] = float(compiled_sampling.replays(sampler))  # tokens drawn by a recorded step
     metrics["actor_lr"] = eng.current_lr(models.actor)
     if warming:  # reported apart: the actor did not move at this step
         metrics["critic_warmup"] = 1.0

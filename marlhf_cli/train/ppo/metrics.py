@@ -121,7 +121,7 @@ def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
 def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
     keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "explained_variance",
-            "explained_variance_pooled", "parse_fallbacks", "generation_captures")
+            "explained_variance_pooled", "parse_fallbacks", "generation_captures", "generation_replays")
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
     metrics |= {k: v for k, v in last.items() if k.startswith("score_")}  # several --reward: each one's
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))

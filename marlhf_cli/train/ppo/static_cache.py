@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import draw, filter_logits
+from .decode_attention import decoding
+from .sampling import cache_argument, draw, filter_logits
 
 # Architectures whose attention layers call ``cache.update`` and take a 4-D additive mask as
 # it is, and whose every layer attends to every earlier token (no sliding window, no
@@ -74,6 +75,38 @@ def unsupported(config, length: int) -> str | None:
     if (windowed or window) and getattr(text, "use_sliding_window", True) and (window or 0) < length:
         # a window at least as long as the cache never hides a token: full attention
         return f"sliding-window attention over {window} tokens, shorter than the {length} to sample"
+    return None
+
+
+def host_read(net, shape: "Shape") -> str | None:
+    """Why ``net``'s decoding step cannot be recorded as a CUDA graph because it reads a value
+    back to the host (``.item()``, ``nonzero``, a shape that depends on data), or None.
+
+    Found by running the step, not by a list: a model of ``net``'s own class and config is
+    built on the meta device, which holds no values, and one :meth:`Bucket.decode` runs
+    there; any read of a value raises. Seen with transformers 5.24: ``rope_type="dynamic"``
+    (llama, qwen2: ``.item()`` in the RoPE update), Mixtral's ``eager`` experts (``nonzero``).
+    Other errors on the meta device (a kernel's dtype check stricter than the real one's) say
+    nothing about host reads and pass: a failure while recording is caught anyway
+    (compiled_sampling)."""
+    import copy
+
+    from ..scoring import hugging_face_model
+
+    base = hugging_face_model(net)
+    try:
+        with torch.device("meta"):
+            probe = type(base)(copy.deepcopy(base.config)).to(shape.dtype).eval()
+        bucket = Bucket(probe, dataclasses.replace(shape, device=torch.device("meta")), cache_argument(probe))
+        with torch.no_grad():
+            bucket.decode(probe)
+    except (NotImplementedError, RuntimeError) as error:
+        message = (str(error).strip().splitlines() or [""])[0]
+        if isinstance(error, NotImplementedError) or "meta" in message:
+            return (f"its decoding step reads a value back to the host ({type(error).__name__}: {message[:120]}), which a "
+                    "CUDA graph cannot record")  # fmt: skip
+    except Exception:  # noqa: BLE001 - anything else on the meta device is no host read
+        pass
     return None
 
 
@@ -216,6 +249,7 @@ class Bucket:
         self.tokens = torch.full((rows, length), shape.pad, dtype=torch.long, device=device)
         self.logprobs = torch.zeros((rows, length), dtype=torch.float32, device=device)
         self.graph = None
+        self.bytes = 0  # its estimated memory, set by the sampler that made it (compiled_sampling.bucket_bytes)
         self.replays = 0  # tokens drawn by replaying the recording (tests/test_gpu.py counts them)
 
     def choose(self, logits: torch.Tensor) -> None:
@@ -235,15 +269,17 @@ class Bucket:
         self.step.add_(1)
 
     def decode(self, net) -> None:
-        """One token: feed the last one at column ``write_at``, draw the next, move on."""
-        out = net(
-            input_ids=self.next_input,
-            attention_mask=decode_mask(self.valid, self.shape.dtype),
-            position_ids=self.positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.cache_name: self.cache},
-        )
+        """One token: feed the last one at column ``write_at``, draw the next, move on. The
+        attention reads the cache without copying it per query head (:mod:`.decode_attention`)."""
+        with decoding(net.config):
+            out = net(
+                input_ids=self.next_input,
+                attention_mask=decode_mask(self.valid, self.shape.dtype),
+                position_ids=self.positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self.cache_name: self.cache},
+            )
         self.choose(out.logits[:, -1])
         self.cache.write_at.add_(1)
         self.valid.index_fill_(1, self.cache.write_at, True)
@@ -263,10 +299,12 @@ class Bucket:
             self.decode(net)
         self.graph = graph
 
-    def advance(self, net) -> None:
-        """The next token of every row: the recording replayed on CUDA, the step run on a CPU."""
+    def advance(self, net) -> bool:
+        """The next token of every row: the recording replayed on CUDA (True), the step run
+        on a CPU (False)."""
         if self.graph is not None:
             self.graph.replay()
             self.replays += 1
-        else:
-            self.decode(net)
+            return True
+        self.decode(net)
+        return False
