@@ -232,6 +232,8 @@ ACCEPTS: dict[str, Accepts] = {
     "top_k": at_least(0),
     "top_p": between(0, 1, low_open=True),
     "generation": one_of(*GENERATIONS),
+    "report_to": Accepts(parses(".tracking:parse"), "none, or one or more of tensorboard, wandb, trackio, mlflow (comma-separated)"),
+    "push_to_hub": Accepts(parses(".hub_push:check_repo_id"), "a Hub repository id, owner/name"),
     "termination": one_of(*RULES),
     "n": SEGMENT_LENGTH,
     "cutoff": POSITIVE,

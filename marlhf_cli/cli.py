@@ -118,7 +118,7 @@ def segment(
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, flags.TRACKING, options.RUN_DIR, options.COMMON)
 def sft(
     model: Annotated[Optional[str], typer.Option("--model", help="Base causal LM: hub id, local folder, or alias 'tiny'/'smollm2-135m' (offline). [default: google/gemma-2b]", show_default=False)] = None,
     packing: flags.PackingOption = None,
@@ -138,7 +138,7 @@ def sft(
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, flags.TRACKING, options.RUN_DIR, options.COMMON)
 def rm(
     model: Annotated[Optional[str], typer.Option("--model", help="Base model for the reward model (hub id, folder, alias). [default: the run's sft/ folder]", show_default=False)] = None,
     trainable_layers: flags.TrainableLayersOption = None,
@@ -158,7 +158,7 @@ def rm(
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, flags.TRACKING, options.RUN_DIR, options.COMMON)
 def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags.XAxis = None, **shared: Any) -> None:
     """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
 
@@ -334,6 +334,40 @@ def passk(
     )
     from .rewards import passk as stage
     stage.run(config)
+
+
+@app.command(cls=GroupedHelp)
+@options.user_errors
+def push(
+    folder: Annotated[str, typer.Argument(help="A stage's export in a run directory: RUN_DIR/sft, RUN_DIR/rm or RUN_DIR/ppo/NAME.", show_default=False)],
+    repo: Annotated[str, typer.Argument(help="The Hub repository, owner/name (made if it does not exist).", show_default=False)],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the model card and the files an upload would send; send nothing.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")] = False,
+) -> None:
+    """Upload a stage's export to the Hub, with a model card.
+
+    The card comes from run.json (base model, stage, rule, estimator, dataset, steps, final
+    figures, the command); resume checkpoints stay behind. Needs the network and a token
+    (HF_TOKEN or huggingface-cli login). Examples: marlhf push runs/default/ppo/fixed5 me/tldr-ma-ppo;
+    marlhf push runs/default/sft me/tldr-sft --dry-run
+    """
+    from pathlib import Path
+
+    from . import hub_push
+    from .errors import UserError
+
+    try:
+        hub_push.check_repo_id(repo)
+    except ValueError:
+        raise UserError(f"marlhf push: '{repo}' is not a Hub repository id (owner/name)") from None
+    if dry_run:
+        files, card = hub_push.plan(Path(folder), repo)
+        print(card)
+        print(f"# {len(files)} files to upload to {repo}: " + ", ".join(files))
+        return
+    from .train.common import say
+
+    hub_push.push(Path(folder), repo, say)
 
 
 def main() -> None:

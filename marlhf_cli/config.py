@@ -82,6 +82,15 @@ class EngineConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where a training stage reports: trackers (marlhf_cli/tracking; tensorboard needs no
+    account, no server, no extra library), and the Hub (marlhf_cli/hub_push.py)."""
+
+    report_to: str = "tensorboard"  # comma list of tensorboard, wandb, trackio, mlflow, or none
+    push_to_hub: str | None = None  # a Hub repository id: the stage's export is uploaded there at the end
+
+
+@dataclass
 class LoRAConfig:
     """LoRA adapters through peft (marlhf_cli/lora.py); rank 0 trains every weight."""
 
@@ -98,7 +107,7 @@ class LoRATrainingConfig(LoRAConfig):
 
 
 @dataclass
-class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfig):
+class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, LoRATrainingConfig):
     model: str = "google/gemma-2b"
     lr: float = 2e-5  # ours: a common full-fine-tuning rate for 2B models
     batch_size: int = 64
@@ -114,7 +123,7 @@ class SFTConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConf
 
 
 @dataclass
-class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfig):
+class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, LoRATrainingConfig):
     model: str | None = None  # default: the SFT model in the run directory
     lr: float = 1e-5  # ours: reward models overfit quickly at higher rates
     batch_size: int = 64
@@ -130,7 +139,7 @@ class RMConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRATrainingConfi
 
 
 @dataclass
-class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
+class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, LoRAConfig):
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
@@ -151,10 +160,8 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, LoRAConfig):
     ppo_epochs: int = 1
     actor_lr: float = 1.5e-5
     critic_lr: float = 1.5e-5
-    # the critic's score head at step 0: zero | random | reward-model; None: the reward model's
-    # trained head where the critic's source has one (the paper's start), else zero (a random
-    # head's noise is several times the returns' spread: docs/method.md "Starting and fitting the critic")
-    value_head_init: str | None = None
+    # zero | random | reward-model; None: the trained head where --reward-model has one, else zero
+    value_head_init: str | None = None  # (docs/method.md "Starting and fitting the critic")
     critic_warmup_steps: int = 0  # ours (OpenRLHF's freezing_actor_steps): the first K steps train the critic only
     clip_range: float = 0.2
     value_clip_range: float = 0.2

@@ -41,6 +41,7 @@ SHARED = {
     **dict.fromkeys(("--zero-stage", "--nproc", "--offload-optimizer", "--offload-params", "--offload-frozen"),
                     "Distributed and memory"),
     **dict.fromkeys(("--compare", "--x-axis"), "Compare runs"),
+    **dict.fromkeys(("--report-to", "--push-to-hub"), "Output"),
     **dict.fromkeys(("--name", "--run-dir", "--seed", "--config", "--preset", "--dry-run", "--debug", "-h", "--help"), "Run"),
 }  # fmt: skip
 

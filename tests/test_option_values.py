@@ -35,6 +35,8 @@ BAD_TEXT = {
     "--termination": "nonsense",
     "--value-function": "nonsense",
     "--value-head-init": "nonsense",
+    "--report-to": "tensorboard,comet",
+    "--push-to-hub": "no slash",
     "--ratio": "nonsense",
     "--loss-aggregation": "mean",
     "--kl-estimator": "k2",

@@ -147,6 +147,15 @@ def record(run: RunDir, stage: str, config: Any, inputs: dict, metrics: dict | N
             checkpoints.retire(run.stage_dir(*stage.split("/")) / "checkpoints")
 
 
+def push_if_asked(config: Any, folder) -> None:
+    """``--push-to-hub REPO``: the finished stage's export to the Hub, with its model card
+    (marlhf_cli/hub_push.py); a failure is one line, and the export stays where it is."""
+    if getattr(config, "push_to_hub", None) and eng.is_main():
+        from .. import hub_push
+
+        hub_push.push(folder, config.push_to_hub, say)
+
+
 def clear_previous_outputs(run: RunDir, stage: str, name: str | None = None) -> None:
     """A fresh run, options checked: the same stage's earlier outputs go (rank 0), and the
     user is told, so an interrupted run never leaves an older finished model looking current."""

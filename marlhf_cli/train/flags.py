@@ -185,6 +185,12 @@ Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --comp
 XAxis = Annotated[Optional[str], _opt("--x-axis", "With --compare: eval curves against the PPO step, or against tokens (generated tokens so far: responses plus mc's continuations, the sampling cost). [default: step]")]
 
 
+# tracking and the Hub (marlhf_cli/tracking, marlhf_cli/hub_push.py) ---------------------------
+ReportTo = Annotated[Optional[str], _opt("--report-to", "Experiment trackers, comma-separated: tensorboard (event files in tb/), wandb (offline under wandb/ without WANDB_API_KEY or WANDB_MODE), trackio (its local store, TRACKIO_DIR), mlflow (an SQLite store mlflow.db in the run directory, or MLFLOW_TRACKING_URI), or none. Each gets the config, every step's metrics and ppo's completions with their macro actions; --resume continues the same tracker run. [default: tensorboard]")]
+PushToHub = Annotated[Optional[str], _opt("--push-to-hub", "Upload the stage's export (with a model card) to this Hub repository, owner/name, when the stage finishes (huggingface_hub; needs the network and a token: HF_TOKEN or huggingface-cli login).")]
+TRACKING = {"report_to": ReportTo, "push_to_hub": PushToHub}
+
+
 # ---------------------------------------------------------------------------------------
 # groups a command takes whole (marlhf_cli.options.with_flags)
 

@@ -347,7 +347,7 @@ def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: d
         common.clear_previous_outputs(run_dir, stage)
     common.record(run_dir, stage, config, inputs, None, status="running")
     start = checkpoints.read_state(plan.checkpoint)["step"] if plan.checkpoint else plan.extension.finished if plan.extension else 0
-    monitor = Monitor(run_dir, stage, total_steps=steps, start_step=int(start), enabled=eng.is_main())
+    monitor = Monitor(run_dir, stage, total_steps=steps, start_step=int(start), enabled=eng.is_main(), config=config)
     try:
         result = fit(
             task, engine, config=config, monitor=monitor, batch_size=config.batch_size, steps=steps,

@@ -1,12 +1,14 @@
-"""What a training stage shows and records: progress, metrics JSONL, TensorBoard, loss PNG.
+"""What a training stage shows and records: progress, metrics JSONL, the trackers of
+``--report-to`` (TensorBoard by default: marlhf_cli/tracking), loss PNG.
 
 Only rank 0 does any of it (other ranks get a monitor whose methods do nothing), so a
 multi-process run prints one progress bar and writes each metric once. Progress is a live
 bar on a terminal and plain lines in a log file (:mod:`.progress`).
 
 On ``--resume`` from step k, rows after k (written by the run that was killed) are dropped
-from ``metrics/<stage>.jsonl`` and TensorBoard is told to purge them, so the records of a
-resumed run read like those of a run that never stopped.
+from ``metrics/<stage>.jsonl``, and the trackers continue their runs without them (TensorBoard
+purges them; marlhf_cli/tracking), so the records of a resumed run read like those of a run
+that never stopped.
 """
 
 from __future__ import annotations
@@ -27,21 +29,24 @@ class Monitor:
     """Progress, metrics and plots for one stage of one run directory."""
 
     def __init__(
-        self, run: artifacts.RunDir, stage: str, *, total_steps: int, start_step: int, enabled: bool, live: bool | None = None
+        self, run: artifacts.RunDir, stage: str, *, total_steps: int, start_step: int, enabled: bool, live: bool | None = None,
+        config: Any = None,
     ):
         """``live``: rich's bar (True) or plain lines (False); by default the bar where
-        stderr is a terminal."""
+        stderr is a terminal. ``config``: the stage's resolved options, whose ``report_to``
+        names the trackers (TensorBoard without one) and which they get, with the provenance,
+        as the run's config."""
         self.run = run
         self.stage = stage
         self.enabled = enabled
         self.total_steps = total_steps
         self.path = run.metrics_path(stage)
-        self._writer = None
+        self._trackers = None
         self._progress = None
         if not enabled:
             return
         self._truncate(start_step)
-        self._writer = _tensorboard(run.path("tb", stage), purge_step=start_step + 1 if start_step else None)
+        self._trackers = _open_trackers(run, stage, config, start_step)
         from rich.console import Console
 
         from .progress import Bar, LogLines
@@ -67,11 +72,13 @@ class Monitor:
         artifacts.append_jsonl(self.path, row)
         if split == "eval":  # held-out figures were only in the files: one line each on the console
             self.print(eval_line(self.stage, step, values))
-        if self._writer is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    self._writer.add_scalar(f"{split}/{key}", value, step)
-            self._writer.flush()
+        if self._trackers is not None:
+            self._trackers.log(step, values, split)
+
+    def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
+        """A table (``ppo``'s completions) to every tracker."""
+        if self._trackers is not None:
+            self._trackers.table(step, name, columns, rows)
 
     # progress -----------------------------------------------------------------------------
     def advance(self, step: int, live: dict[str, float]) -> None:
@@ -86,9 +93,9 @@ class Monitor:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
 
     # plot ---------------------------------------------------------------------------------
     def plot(self, metric: str = "loss", title: str | None = None, xlabel: str = "optimizer step") -> Path | None:
@@ -129,13 +136,13 @@ def plot_curves(rows: list[dict], metric: str, path: Path, title: str, xlabel: s
     return artifacts.write_figure(path, fig)
 
 
-def _tensorboard(folder: Path, purge_step: int | None):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is a dependency, but a missing one must not stop training
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    return SummaryWriter(log_dir=str(folder), purge_step=purge_step)
+def _open_trackers(run: artifacts.RunDir, stage: str, config: Any, start_step: int):
+    from .. import config as config_module, provenance, tracking
+    from . import common
+
+    names = tracking.parse(getattr(config, "report_to", None))
+    settings = {**(config_module.to_dict(config) if config is not None else {}), "provenance": provenance.provenance()}
+    return tracking.open_trackers(run, stage, names, config=settings, start_step=start_step, say=common.say)
 
 
 def as_logged(values: dict[str, Any]) -> dict[str, Any]:

@@ -189,6 +189,7 @@ def run(config: Any) -> dict[str, Any]:
     metrics = final_metrics(result)
     common.record(run_dir, STAGE, config, inputs, metrics, status="finished")
     common.say(_summary_line(out, metrics))
+    common.push_if_asked(config, out)
     return metrics
 
 

@@ -62,7 +62,7 @@ from ...seeding import derived_seed
 from ...wording import count
 from .. import common
 from ..monitor import Monitor, as_logged
-from . import compiled_sampling, credit, critic_fit, stopping, value_head
+from . import compiled_sampling, completions, credit, critic_fit, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs, mc_cost
@@ -124,7 +124,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
 
     # Algorithm 1's outer loop: one PPO step per iteration, held-out evaluation and resume
     # checkpoints on their schedules
-    monitor = Monitor(run_dir, f"{STAGE}-{name}", total_steps=config.max_steps, start_step=start, enabled=eng.is_main())
+    monitor = Monitor(run_dir, f"{STAGE}-{name}", total_steps=config.max_steps, start_step=start, enabled=eng.is_main(), config=config)
     # the critic's fit pooled over its last steps (critic_fit.py), carried across a resume
     fit = critic_fit.last_window(artifacts.read_jsonl(monitor.path) if start and monitor.path.is_file() else [])
     last: dict[str, float] = {}
@@ -147,7 +147,9 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
             monitor.log(done, last, "train")
             monitor.advance(done, live_metrics(last))
             final = done == config.max_steps
-            if held_out and (final or (config.eval_every and done % config.eval_every == 0)):
+            if ctx.completions:
+                monitor.table(done, "completions", completions.COLUMNS, ctx.completions)
+            if held_out and ctx.evaluates(done):
                 scores, rows = evaluate(ctx, held_out, done)
                 monitor.log(done, scores, "eval")
             if config.save_every and done % config.save_every == 0 and not final:
@@ -176,6 +178,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         if extension is not None:
             metrics = {k: v for k, v in metrics.items() if k != "resumed_from_step"} | {"extended_from_step": start}
     common.record(run_dir, stage_key, config, inputs, metrics, status="finished")
+    common.push_if_asked(config, run_dir.stage_dir(STAGE, name))
     return metrics
 
 
@@ -220,6 +223,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     credited = time.perf_counter()
     estimator.assign(experience, CreditInputs(ctx, step, sample_numbers, sampler, segmentation.get("pending")))
     credit_seconds = time.perf_counter() - credited
+    # the trackers' table at evaluation steps: the rollout's responses with their macro actions
+    ctx.completions = completions.rows(experience, models.tokenizer) if eng.is_main() and ctx.evaluates(step + 1) else None
 
     # 6. PPO epochs over minibatches: clipped policy loss (actor), clipped value loss (critic;
     # grpo and mc add beta * KL to the policy loss instead of the KL penalty in the reward).

@@ -60,6 +60,11 @@ class Context:
     update: UpdateSettings
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
     chat: ChatFormat | None = None  # how a record's prompt becomes text; None: from --chat-template
+    completions: list | None = None  # the last step's completions table (completions.py), at evaluation steps
+
+    def evaluates(self, done: int) -> bool:
+        """Whether the run evaluates (and logs its completions table) after ``done`` steps."""
+        return done == self.config.max_steps or bool(self.config.eval_every and done % self.config.eval_every == 0)
 
     def __post_init__(self):
         if self.chat is None:
