@@ -406,7 +406,7 @@ def test_the_decoding_step_holds_its_kernel_count():
     bucket = static_cache.Bucket(model, shape, cache_argument(model))
     logits = torch.empty(8, config.vocab_size, device="meta")
     assert _ops(lambda: bucket.choose(logits)) <= 37
-    assert _ops(lambda: bucket.decode(model)) <= 1836
+    assert _ops(lambda: bucket.decode(model)) <= 1832  # 1,836 before the step kept its mask up to date itself
 
 
 def _meta_shape():

@@ -78,7 +78,7 @@ from typing import Sequence
 import torch
 
 from ..forward import position_ids_from_mask, unwrap
-from .static_cache import Bucket, Shape, StaticCacheMismatch, cache_bytes, host_read, prefill_mask, unsupported
+from .static_cache import Bucket, Shape, StaticCacheMismatch, cache_bytes, decode_mask, host_read, prefill_mask, unsupported
 
 MODES = ("auto", "eager", "compiled")
 CHECK_EVERY = 8  # tokens between the host's "every row done?" reads: each waits for the GPU
@@ -329,6 +329,7 @@ def _prefill(b: Bucket, net, prompt_ids, prompt_mask, *, repeats: int) -> None:
     b.choose(logits)
     b.cache.write_at.fill_(width)
     b.valid[:, width] = True
+    b.mask.copy_(decode_mask(b.valid, b.shape.dtype))  # what the step reads from now on
 
 
 def _random_state(device: torch.device) -> torch.Tensor:

@@ -239,6 +239,9 @@ class Bucket:
         self.next_input = torch.full((rows, 1), shape.pad, dtype=torch.long, device=device)
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.valid = torch.zeros((rows, length), dtype=torch.bool, device=device)  # columns a row attends to
+        # the same as the step's additive mask, kept up to date by the step itself (one
+        # index_fill_ per token) rather than rebuilt from ``valid`` at every token
+        self.mask = torch.full((rows, 1, 1, length), torch.finfo(shape.dtype).min, dtype=shape.dtype, device=device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)  # the output column being drawn
         self.temperature = torch.ones(1, dtype=torch.float32, device=device)
         self.top_p = torch.ones(1, dtype=torch.float32, device=device)
@@ -274,7 +277,7 @@ class Bucket:
         with decoding(net.config):
             out = net(
                 input_ids=self.next_input,
-                attention_mask=decode_mask(self.valid, self.shape.dtype),
+                attention_mask=self.mask,
                 position_ids=self.positions,
                 use_cache=True,
                 logits_to_keep=1,
@@ -282,7 +285,7 @@ class Bucket:
             )
         self.choose(out.logits[:, -1])
         self.cache.write_at.add_(1)
-        self.valid.index_fill_(1, self.cache.write_at, True)
+        self.mask.index_fill_(3, self.cache.write_at, 0.0)
         self.positions.add_(1)
 
     def record(self, net, pool) -> None:
