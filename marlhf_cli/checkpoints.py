@@ -68,6 +68,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # resume checkpoints
 
 
+_CUT: list[tuple[Path, int]] = []  # the checkpoint an exception cut short (root, step), for the interruption's message
+
+
+def interrupted_checkpoint() -> str | None:
+    """What an interruption while a checkpoint was written left, once (None when none was cut
+    short): that checkpoint is not complete, and a resume starts from the newest complete one."""
+    if not _CUT:
+        return None
+    root, step = _CUT.pop()
+    newest = latest_checkpoint(root)
+    since = f"--resume starts from step {read_state(newest)['step']}" if newest else "no checkpoint is complete: run again without --resume"
+    return f"the checkpoint of step {step} was being written and is not complete; {since}"
+
+
 def save_checkpoint(engine, root: str | Path, step: int, state: dict[str, Any], keep: int = 1) -> Path:
     """Write a complete checkpoint of ``engine`` at ``step``; every rank must call this.
 
@@ -75,9 +89,17 @@ def save_checkpoint(engine, root: str | Path, step: int, state: dict[str, Any], 
     The newest ``keep`` checkpoints survive; older ones are deleted once the new one is in
     place.
     """
+    root = Path(root)
+    try:
+        return _save_checkpoint(engine, root, step, state, keep)
+    except BaseException:  # Ctrl-C, SIGTERM, a full disk: the interruption's message says so
+        _CUT[:] = [(root, step)]
+        raise
+
+
+def _save_checkpoint(engine, root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     import torch
 
-    root = Path(root)
     tag = tag_for(step)
     staging = root / f".tmp-{tag}"
     if eng.is_main():

@@ -106,3 +106,48 @@ class GroupedHelp(TyperCommand):
         for name in sorted(panels, key=lambda name: rank.get(name, len(ORDER))):
             with formatter.section(name):
                 formatter.write_dl(panels[name])
+
+
+def grouped_reference(markdown: str) -> str:
+    """Typer's generated CLI reference (``typer ... utils docs``) with each command's options
+    under the panels ``--help`` shows (its flat "**Options**:" list split by :func:`panel_of`,
+    in :data:`ORDER`). ``python -m marlhf_cli.help_panels FILE`` regenerates docs/reference/cli.md."""
+    import re
+
+    out, command = [], ""
+    lines = markdown.splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        heading = re.match(r"## `marlhf (\w+)`", line)
+        if heading:
+            command = heading.group(1)
+        if line == "**Options**:" and command:
+            items, index = [], index + 2  # the blank line after the label
+            while index < len(lines) and lines[index].startswith("* `"):
+                items.append(lines[index])
+                index += 1
+            panels: dict[str, list[str]] = {}
+            for item in items:
+                flag = re.match(r"\* `(-[-\w]+)", item).group(1)
+                panels.setdefault(panel_of(command, flag) or ("Run" if flag == "--help" else "Options"), []).append(item)
+            rank = {name: position for position, name in enumerate(ORDER)}
+            for name in sorted(panels, key=lambda name: rank.get(name, len(ORDER))):
+                out += [f"**{name}**:", "", *panels[name], ""]
+            continue
+        out.append(line)
+        index += 1
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":  # python -m marlhf_cli.help_panels docs/reference/cli.md
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        flat = Path(tmp) / "cli.md"
+        subprocess.run([sys.executable, "-m", "typer", "marlhf_cli.cli", "utils", "docs", "--name", "marlhf", "--title",
+                        "CLI reference", "--output", str(flat)], check=True, capture_output=True)  # fmt: skip
+        Path(sys.argv[1]).write_text(grouped_reference(flat.read_text(encoding="utf-8")), encoding="utf-8")

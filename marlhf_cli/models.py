@@ -297,3 +297,34 @@ def load_score_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_
         model.config.pad_token_id = load_tokenizer(name).pad_token_id
     new = set(loading.get("missing_keys", ())) | {key[0] if isinstance(key, tuple) else key for key in loading.get("mismatched_keys", ())}
     return model, not any(key == "score" or key.startswith("score.") for key in new)
+
+
+def positions(name: str) -> int | None:
+    """How many positions the model ``name`` can read (its config's ``max_position_embeddings``,
+    or the like), read from its config alone; None when the config does not say."""
+    from transformers import AutoConfig
+
+    arch = random_arch(name)
+    if arch is not None:
+        return int(arch.get("max_position_embeddings", 0)) or None
+    _quiet_transformers()
+    config = from_hub_or_path(AutoConfig.from_pretrained, resolve_model_path(name), "model config")
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(text, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_context(name: str, prompt_tokens: int, response_tokens: int, *, prompt_flag: str, response_flag: str) -> None:
+    """``prompt_tokens`` + ``response_tokens`` beyond what ``name`` can read is one line
+    (before any weight loads): the model would be asked for positions it has never learned,
+    and the forwards would grow without bound."""
+    limit = positions(name)
+    total = prompt_tokens + response_tokens
+    if limit is not None and total > limit:
+        raise UserError(
+            f"{prompt_flag} {prompt_tokens:,} + {response_flag} {response_tokens:,} = {total:,} tokens, beyond the "
+            f"{limit:,} positions '{name}' can read: lower them (longer prompts keep their end, longer responses are cut)"
+        )

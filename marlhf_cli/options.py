@@ -15,9 +15,9 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 try:  # typer 0.2x ships its own copy of click; its errors are not click's
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 except ImportError:  # an older typer on the real click
-    from click.exceptions import NoArgsIsHelpError, UsageError
+    from click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 
 from . import config as config_module
 from .errors import Terminated, UserError
@@ -118,11 +118,45 @@ class OneLineErrors(TyperGroup):
             _usage_error(err)
 
 
+# flags that name the same thing on different commands: the model a stage starts from
+SAME_THING = ({"--model": "the model to start from", "--policy": "the model to start from"},)
+
+
 def _usage_error(err: UsageError) -> None:
     if isinstance(err, NoArgsIsHelpError):  # 'marlhf' alone: the help, as click shows it
         raise err
     where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
-    fail(err.format_message() + where)
+    message = err.format_message()
+    if isinstance(err, NoSuchOption) and err.ctx is not None:
+        message = unknown_option(err.option_name, err.ctx)
+    fail(message + where)
+
+
+def unknown_option(flag: str, ctx) -> str:
+    """'No such option' with hints that know the command's own flags (close spellings of
+    them), the flag this command takes for the same thing (``--policy`` on ``rm``: ``--model``)
+    and the commands the flag belongs to."""
+    import difflib
+
+    command = ctx.command
+    own = [opt for param in command.params for opt in getattr(param, "opts", ()) if opt.startswith("--")]
+    hints = []
+    for group in SAME_THING:
+        if flag in group:
+            here = [other for other in group if other != flag and other in own]
+            if here:
+                hints.append(f"'marlhf {command.name}' takes {group[flag]} as {here[0]}")
+    close = difflib.get_close_matches(flag, own, n=3, cutoff=0.75)
+    if close and not hints:
+        hints.append("did you mean " + " or ".join(close) + "?")
+    root = ctx.find_root().command
+    elsewhere = sorted(
+        name for name, other in getattr(root, "commands", {}).items()
+        if name != command.name and any(flag in getattr(p, "opts", ()) for p in other.params)
+    )  # fmt: skip
+    if elsewhere:
+        hints.append(f"{flag} is an option of {', '.join(f'marlhf {name}' for name in elsewhere)}")
+    return f"No such option: {flag}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
@@ -169,7 +203,10 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             stages = mark_interrupted()
             terminated = isinstance(stop, Terminated)
             marked = f" ({', '.join(stages)} marked {'interrupted' if terminated else 'so'} in run.json)" if stages else ""
-            console.print(("terminated" if terminated else "interrupted") + marked, style="yellow")
+            from .checkpoints import interrupted_checkpoint
+
+            cut = interrupted_checkpoint()  # Ctrl-C while a checkpoint was written: say what a resume does
+            console.print(("terminated" if terminated else "interrupted") + marked + (f": {cut}" if cut else ""), style="yellow")
             raise typer.Exit(code=128 + signal.SIGTERM if terminated else 130) from None
         finally:
             _restore_sigterm(previous)

@@ -128,6 +128,11 @@ def test_ppo_final_table_at_80_columns(capsys, monkeypatch):
     for header in ("steps", "tokens", "start", "length", "KL", "s/step"):
         assert header in out, header
     assert "critic" not in out  # no run with a critic: no column for its fit
+    # the legend: left-aligned, within the table's width (its rule), not centred and ragged
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("gen tokens:"))
+    width = max(len(line) for line in lines[:start])  # the table's own lines
+    assert all(len(line.rstrip()) <= width and not line.startswith(" ") for line in lines[start:] if line.strip())
 
     # with a critic: ten columns, a PPO run's token count (SmolLM2 at 8 x 64 tokens, 120 steps)
     fit = {"return": 0.1, "value": 0.05, "return_variance": 0.04, "residual_variance": 0.05, "response_tokens": 512}

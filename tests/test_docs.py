@@ -129,16 +129,18 @@ def test_getting_started_installs_and_tests_as_the_readme_does():
 
 
 def test_the_cli_reference_is_what_the_commands_generate(tmp_path):
-    """docs/reference/cli.md is Typer's own rendering of the app (regenerate it with the
-    command below after changing a command or a flag's help)."""
+    """docs/reference/cli.md is Typer's own rendering of the app, each command's options under
+    the panels its --help shows (regenerate it with the command below after changing a command
+    or a flag's help)."""
     out = tmp_path / "cli.md"
-    done = subprocess.run([sys.executable, "-m", "typer", "marlhf_cli.cli", "utils", "docs", "--name", "marlhf",
-                           "--title", "CLI reference", "--output", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "marlhf_cli.help_panels", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.read_text(encoding="utf-8") == CLI_REFERENCE.read_text(encoding="utf-8"), (
-        "docs/reference/cli.md is stale: python -m typer marlhf_cli.cli utils docs --name marlhf "
-        "--title 'CLI reference' --output docs/reference/cli.md"
+        "docs/reference/cli.md is stale: python -m marlhf_cli.help_panels docs/reference/cli.md"
     )
+    text = out.read_text(encoding="utf-8")
+    ppo = text.split("## `marlhf ppo`")[1].split("## `marlhf")[0]
+    assert ppo.index("**Data**:") < ppo.index("**Macro actions**:") < ppo.index("**Run**:") and "* `--termination" in ppo
 
 
 def test_the_site_builds_strictly_with_every_page_in_its_nav(tmp_path):

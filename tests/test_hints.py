@@ -58,3 +58,17 @@ def test_too_few_prompts_does_not_offer_a_cap_as_more_data():
     message = str(err.value)
     assert "add data (--max-records" not in message
     assert "raise --max-records if you set it" in message and "--rollout-batch-size 8" in message
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["rm", "--policy", "tiny"], "No such option: --policy ('marlhf rm' takes the model to start from as --model; --policy is an option of marlhf bon, marlhf ppo)"),
+    (["ppo", "--model", "tiny"], "No such option: --model ('marlhf ppo' takes the model to start from as --policy; --model is an option of"),
+    (["sft", "--max-stpes", "3"], "No such option: --max-stpes (did you mean --max-steps?)"),
+    (["segment", "x.txt", "--critic-lr", "1"], "No such option: --critic-lr (--critic-lr is an option of marlhf ppo)"),
+])  # fmt: skip
+def test_an_unknown_flag_is_answered_with_the_flag_meant(args, hint):
+    """The hint knows each command's own flags, the flag it takes for the same thing, and the
+    commands an unknown flag belongs to (click's own suggested --epochs for rm --policy)."""
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert hint in result.output.replace("\n", " "), result.output

@@ -148,3 +148,33 @@ def test_a_command_run_in_process_leaves_sigterm_as_it_found_it(tmp_path):
     assert result.exit_code == 0, result.output
     assert "@@" in result.output
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_says_where_a_resume_starts(tmp_path, capsys):
+    """Ctrl-C lands inside a checkpoint's writing: the line says that checkpoint is not
+    complete and the step a resume starts from (the previous complete one)."""
+    import typer
+
+    from marlhf_cli import checkpoints, options
+
+    root = tmp_path / "checkpoints"
+    (root / checkpoints.tag_for(1)).mkdir(parents=True)
+    (root / checkpoints.tag_for(1) / checkpoints.STATE_FILE).write_text('{"step": 1}')
+
+    class Engine:
+        module = None
+
+        def save_checkpoint(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    @options.user_errors
+    def command():
+        checkpoints.save_checkpoint(Engine(), root, 2, {})
+
+    with pytest.raises(typer.Exit) as stop:
+        command()
+    assert stop.value.exit_code == 130
+    out = capsys.readouterr()
+    said = " ".join((out.out + out.err).split())
+    assert "interrupted: the checkpoint of step 2 was being written and is not complete; --resume starts from step 1" in said
+    assert checkpoints.interrupted_checkpoint() is None  # nothing is being written any more

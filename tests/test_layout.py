@@ -33,6 +33,7 @@ def test_architecture_names_every_module():
         if p.name != "__init__.py" and p.parent.name != "data" and p.name not in drawn
     )  # fmt: skip
     assert not missing, f"docs/architecture.md does not draw {missing}"
+    assert re.search(r"\bassets/", _drawn_tree()), "assets/ (the shipped tokenizer) is not drawn"
     folders = {p.parent.relative_to(PACKAGE).as_posix() for p in _modules()} - {"."}
     for folder in folders:
         assert re.search(rf"\b{re.escape(folder.split('/')[-1])}/", _drawn_tree()), f"{folder}/ is not drawn"

@@ -145,3 +145,24 @@ def test_unknown_random_shape_is_a_one_line_user_error():
         models.load_causal_lm("random:smollm2-7b")
     assert models.random_arch("tiny") == models.TINY_ARCH
     assert models.random_arch("google/gemma-2b") is None
+
+
+def test_a_prompt_and_response_longer_than_the_model_reads_are_one_line_before_any_weight_loads(tmp_path, monkeypatch):
+    """tiny reads 2,048 positions: asking for more is exit 2, one line, before a model loads
+    (a user's 100,000-token prompts once ran for minutes at 6.6 GB before anything said so)."""
+    from typer.testing import CliRunner
+
+    from marlhf_cli import models
+    from marlhf_cli.cli import app
+
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(models, "load_score_model", lambda *a, **k: pytest.fail("a model loaded"))
+    runner = CliRunner()
+    for args, needle in (
+        (["rm", "--model", "tiny", "--max-prompt-length", "100000"], "--max-prompt-length 100,000 + --max-response-length 512 = 100,512 tokens, beyond the 2,048 positions 'tiny' can read"),
+        (["sft", "--model", "tiny", "--max-response-length", "1600", "--max-prompt-length", "512"], "= 2,112 tokens, beyond the 2,048 positions"),
+        (["ppo", "--policy", "tiny", "--reward-model", "tiny", "--max-new-tokens", "3000"], "--max-new-tokens 3,000 = 3,512 tokens, beyond the 2,048 positions"),
+    ):  # fmt: skip
+        result = runner.invoke(app, [*args, "--run-dir", str(tmp_path)])
+        assert result.exit_code == 2 and needle in " ".join(result.output.split()), result.output
+    assert models.positions("random:smollm2-135m") == 8192 and models.positions("tiny") == 2048

@@ -134,11 +134,13 @@ def base_model(config: Any, run_dir: RunDir) -> str:
 
 def run(config: Any) -> dict[str, Any]:
     """Train the reward model and write ``rm/`` into the run directory; returns final metrics."""
-    from ..models import load_tokenizer
+    from ..models import check_context, load_tokenizer
 
     common.start(config)
     run_dir = RunDir(config.run_dir)
     model_name = base_model(config, run_dir)
+    check_context(model_name, config.max_prompt_length, config.max_response_length,
+                  prompt_flag="--max-prompt-length", response_flag="--max-response-length")  # fmt: skip
     train = common.load_split(config, "rm", config.max_records).require(STAGE, ("preference",))
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")

@@ -171,10 +171,12 @@ def _response_key(record: dict) -> str:
 
 def run(config: Any) -> dict[str, Any]:
     """Fine-tune ``config.model`` and write ``sft/`` into the run directory; returns final metrics."""
-    from ..models import load_causal_lm, load_tokenizer
+    from ..models import check_context, load_causal_lm, load_tokenizer
 
     common.start(config)
     run_dir = RunDir(config.run_dir)
+    check_context(config.model, config.max_prompt_length, config.max_response_length,
+                  prompt_flag="--max-prompt-length", response_flag="--max-response-length")  # fmt: skip
     train = common.load_split(config, "sft", config.max_records).require(STAGE, KINDS)
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")

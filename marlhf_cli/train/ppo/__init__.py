@@ -58,6 +58,7 @@ from ...artifacts import RunDir
 from ...data.records import PROMPT_KINDS
 from ...errors import UserError
 from ...macro.segmentation import warm_up
+from ...models import check_context
 from ...seeding import derived_seed
 from ...wording import count
 from .. import common
@@ -101,6 +102,9 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     run_dir = RunDir(config.run_dir)
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
+    for model in dict.fromkeys((policy, reward_model)):  # before any weight loads
+        check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
+                      response_flag="--max-new-tokens")  # fmt: skip
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     root = checkpoint_root(run_dir, name)
     expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}

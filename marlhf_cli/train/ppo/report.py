@@ -99,7 +99,8 @@ def _table(title: str, summaries: Sequence[dict]):
     # no vertical rules and two-line headers: nine columns fit 80 terminal columns whole (a long
     # run name folds onto a second line; figures never do); the critic's column only where a
     # run has a critic, whose step generates no mc continuations (its token count stays short)
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # the legend left-aligned within the table's width (centred, its wrapped lines were ragged)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption_justify="left")
     critic = any(s["critic_fit"] is not None for s in summaries)
     # eval: mean held-out score before training and at the end; KL and segment length: mean
     # of the last 5 training steps
