@@ -7,7 +7,7 @@
 One process builds the PPO stage's models once (policy, reference, critic, reward model from
 ``--model``; prompts from HH-RLHF in ../shared/data, else the embedded sample) and runs the
 stage's own ``ppo_step`` (vanilla PPO) for every batch (``PROMPTSxNEW_TOKENS``) and every
-sampler (``--generation eager`` and ``compiled``: marlhf_cli/train/ppo/compiled_sampling.py),
+sampler (``--generation eager`` and ``compiled``: marlhf_cli/generation/compiled.py),
 round after round, the order rotated each round. Learning rates are 0, so every
 configuration of a batch samples from the same weights; round 0 warms up (the compiled
 sampler makes and records its buckets there) and is not timed.
@@ -88,7 +88,7 @@ def main() -> None:
     import torch
 
     from marlhf_cli.train import ppo
-    from marlhf_cli.train.ppo import compiled_sampling
+    from marlhf_cli.generation import compiled as compiled_sampling
 
     batches = [parse_batch(b.strip()) for b in args.batches.split(",") if b.strip()]
     generations = [g.strip() for g in args.generations.split(",") if g.strip()]

@@ -88,7 +88,7 @@ def main() -> None:
 
     from marlhf_cli.models import load_causal_lm, load_tokenizer
     from marlhf_cli.train.forward import policy_forward
-    from marlhf_cli.train.ppo.sampling import SamplingParams, response_mask, sample
+    from marlhf_cli.generation import SamplingParams, response_mask, sample
 
     print(H.machine_line(args))
     tokenizer = load_tokenizer(args.model, padding_side="left")

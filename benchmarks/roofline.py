@@ -112,7 +112,7 @@ def flops_per_phase(counts: dict[str, float]):
 
     _count_cpu_attention()
     counter = FlopCounterMode(display=False)
-    originals = {"generate": experience._generate, "experience": ppo.make_experience, "update": ppo.ppo_update}
+    originals = {"generate": experience.generate, "experience": ppo.make_experience, "update": ppo.ppo_update}
     shapes: dict[str, tuple] = {}
 
     def measured(name, fn, keep=None):
@@ -130,14 +130,14 @@ def flops_per_phase(counts: dict[str, float]):
         prompt_ids, prompt_mask, response_ids, mask = out[:4]
         shapes["generation"] = (tuple(prompt_ids.shape), tuple(response_ids.shape), int(prompt_mask.sum()), int(mask.sum()))
 
-    experience._generate = measured("generation", originals["generate"], keep_generated)
+    experience.generate = measured("generation", originals["generate"], keep_generated)
     ppo.make_experience = measured("rollout", originals["experience"])
     ppo.ppo_update = measured("update", originals["update"])
     try:
         with counter:
             yield shapes
     finally:
-        experience._generate, ppo.make_experience, ppo.ppo_update = originals.values()
+        experience.generate, ppo.make_experience, ppo.ppo_update = originals.values()
     counts["scoring"] = counts.pop("rollout", 0) - counts.get("generation", 0)
 
 
@@ -263,9 +263,9 @@ def main() -> None:
         eval_every=0, eval_prompts=0, save_every=0, seed=0, max_steps=args.steps + 1, zero_stage=args.zero_stage,
     )  # fmt: skip
     if args.prefill_per_copy:
-        from marlhf_cli.train.ppo import experience
+        from marlhf_cli.generation import texts
 
-        experience._run_length = lambda prompts: 1
+        texts.run_length = lambda prompts: 1
     ctx, source = build_context(config)
     net = ctx.models.actor.module
     sizes = model_sizes(net)

@@ -117,7 +117,7 @@ def prepare(work: Path, args) -> dict:
 
 def write_prompts(work: Path, args, tokenizer, params: int) -> dict:
     """HH-RLHF prompts as text (marlhf's dataset) and as ids (TRL's), cut the same way."""
-    from marlhf_cli.train.encode import encode_prompt
+    from marlhf_cli.encode import encode_prompt
 
     if H.HH_HELPFUL.is_file():
         rows = [json.loads(line) for line in H.HH_HELPFUL.read_text(encoding="utf-8").splitlines()]

@@ -31,7 +31,7 @@ REWARDS = ("model", "apps")
 ADVANTAGES = ("gae", "rloo", "grpo", "mc")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
 X_AXES = ("step", "tokens")  # marlhf ppo --compare --x-axis (train/ppo/report.py)
-GENERATIONS = ("auto", "eager", "compiled")  # marlhf_cli.train.ppo.compiled_sampling.MODES
+GENERATIONS = ("auto", "eager", "compiled")  # marlhf_cli.generation.compiled.MODES
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:

@@ -19,32 +19,12 @@ import contextlib
 import datetime as _dt
 import json
 import os
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import provenance
 from .errors import UserError
-
-
-_invocation: list[str] | None = None  # the arguments the marlhf app was given, once it runs
-
-
-def remember_invocation(args: Iterable[str]) -> None:
-    """Called by the app (options.OneLineErrors) with the arguments it parses: the command a
-    run records is the one typed, also where marlhf runs inside another program (tests)."""
-    global _invocation
-    _invocation = list(args)
-
-
-def command_line() -> str:
-    """The command this process runs, as typed: ``marlhf ppo --preset cpu-tiny`` (code that
-    calls a stage directly: its program's name and arguments)."""
-    if _invocation is not None:
-        return " ".join(shlex.quote(part) for part in ("marlhf", *_invocation))
-    return " ".join(shlex.quote(part) for part in (Path(sys.argv[0]).name, *sys.argv[1:]))
 
 
 LAYOUT = ("sft", "rm", "ppo", "samples", "bon", "judge", "metrics", "plots")
@@ -257,8 +237,6 @@ class RunDir:
         """(model folder or id, a name for its results) of a --policy or --model that may name
         a stage of this run: sft (the default), ppo (the one PPO run), ppo/<name>, a folder of
         the run; anything else is a folder or hub id as it is."""
-        import re
-
         value = value or "sft"
         if value == "sft":
             return str(self.require("sft")), "sft"

@@ -281,7 +281,7 @@ class ChatFormat:
 
     def _strip_bos(self, text: str) -> str:
         """A template that writes the BOS itself: encoding adds it as a token (encode.special_prefix)."""
-        from .train.encode import special_prefix
+        from .encode import special_prefix
 
         bos = self.tokenizer.bos_token
         if bos and special_prefix(self.tokenizer) == (self.tokenizer.bos_token_id,) and text.startswith(bos):

@@ -179,7 +179,7 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     max_prompt_length: int = 512
     max_new_tokens: int = 512
     # auto | eager | compiled: the token loop, or a static KV cache with each token's step
-    # recorded as a CUDA graph (train/ppo/compiled_sampling.py); auto = compiled on CUDA
+    # recorded as a CUDA graph (generation/compiled.py); auto = compiled on CUDA
     generation: str = "auto"
     # macro actions (docs/method.md, "Termination rules" and "Segment GAE")
     termination: str = "fixed"  # fixed | randomized | ppl | parsing | code

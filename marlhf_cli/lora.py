@@ -250,7 +250,7 @@ def merged_saver(load_base: Callable[[], Any], *, stage: str) -> Callable[[Any, 
 def adapter_card(adapted, adapter: Path, stage: str) -> str:
     """The adapter's README.md (peft writes a blank template): its base, LoRA settings, the
     stage and command that trained it, and how to load it."""
-    from .artifacts import command_line
+    from .provenance import command_line
 
     settings = adapted.peft_config["default"]
     base = settings.base_model_name_or_path

@@ -103,7 +103,7 @@ class OneLineErrors(TyperGroup):
 
     def make_context(self, info_name, args, parent=None, **extra):
         if parent is None:  # the whole command line, before click consumes it
-            from .artifacts import remember_invocation
+            from .provenance import remember_invocation
 
             remember_invocation(args)
         try:

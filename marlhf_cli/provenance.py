@@ -12,16 +12,34 @@ from __future__ import annotations
 
 import functools
 import platform
+import shlex
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 # the libraries whose versions decide a run's numbers (run.json's "versions")
 TRACKED_LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "datasets", "spacy", "stanza", "openai")
 # CPU extensions that decide fp32 and bf16 speed, and which kernels torch picks (hence rounding)
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "asimd", "sve")
+
+_invocation: list[str] | None = None  # the arguments the marlhf app was given, once it runs
+
+
+def remember_invocation(args: Iterable[str]) -> None:
+    """Called by the app (options.OneLineErrors) with the arguments it parses: the command a
+    run records is the one typed, also where marlhf runs inside another program (tests)."""
+    global _invocation
+    _invocation = list(args)
+
+
+def command_line() -> str:
+    """The command this process runs, as typed: ``marlhf ppo --preset cpu-tiny`` (code that
+    calls a stage directly: its program's name and arguments)."""
+    if _invocation is not None:
+        return " ".join(shlex.quote(part) for part in ("marlhf", *_invocation))
+    return " ".join(shlex.quote(part) for part in (Path(sys.argv[0]).name, *sys.argv[1:]))
 
 
 def library_versions() -> dict[str, str]:
@@ -78,7 +96,6 @@ def gpus() -> list[str]:
 def provenance() -> dict[str, Any]:
     """marlhf's version and commit, the command, the libraries, the CPU and the GPUs."""
     from . import __version__
-    from .artifacts import command_line
 
     return {"marlhf": __version__, "commit": commit(), "command": command_line(), "versions": library_versions(),
             "cpu": cpu(), "gpus": gpus()}  # fmt: skip

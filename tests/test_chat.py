@@ -21,7 +21,7 @@ from marlhf_cli.cli import app
 from marlhf_cli.data import load_records
 from marlhf_cli.errors import UserError
 from marlhf_cli.train import rm, sft
-from marlhf_cli.train.encode import IGNORE
+from marlhf_cli.encode import IGNORE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -260,7 +260,7 @@ def test_sampling_stops_at_the_templates_end_of_turn_token(tiny_models, tmp_path
     import torch
 
     from marlhf_cli.train.ppo.experience import RolloutSettings, generate, place_rewards
-    from marlhf_cli.train.ppo.sampling import response_mask
+    from marlhf_cli.generation import response_mask
 
     tokenizer, actor, _ = tiny_models
     actor = copy.deepcopy(actor)
@@ -275,13 +275,13 @@ def test_sampling_stops_at_the_templates_end_of_turn_token(tiny_models, tmp_path
     prompts = [chat.prompt(record)] * 2
     torch.manual_seed(0)
     settings = RolloutSettings(max_new_tokens=6, max_prompt_length=64, top_k=0, stop_token_ids=chat.stop_ids)
-    _, _, ids, mask, ended = generate(actor, tokenizer, prompts, settings, device="cpu")
+    _, _, ids, mask, ended, _ = generate(actor, tokenizer, prompts, settings, device="cpu")
     assert ids[:, 0].tolist() == [ENDOFTEXT, ENDOFTEXT] and ended.all()
     assert ids.shape[1] == 1 and mask.tolist() == [[1], [1]]  # stopped at once
     rewards = place_rewards(torch.zeros(mask.shape), torch.tensor([1.0, 2.0]), mask, 0.0)
     assert rewards.tolist() == [[1.0], [2.0]]
     torch.manual_seed(0)
-    _, _, running, _, ended = generate(actor, tokenizer, prompts, RolloutSettings(max_new_tokens=6, max_prompt_length=64, top_k=0), device="cpu")
+    _, _, running, _, ended, _ = generate(actor, tokenizer, prompts, RolloutSettings(max_new_tokens=6, max_prompt_length=64, top_k=0), device="cpu")
     assert running.shape[1] == 6 and not ended.any()  # EOS alone does not stop it
     # several stop ids: the mask ends at the first of any of them
     rows = torch.tensor([[5, 6, ENDOFTEXT, IM_END, IM_END], [5, IM_END, 7, 8, 9], [5, 6, 7, 8, 9]])

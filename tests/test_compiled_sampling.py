@@ -1,4 +1,4 @@
-"""``--generation compiled`` (train/ppo/compiled_sampling.py): the static-cache sampler draws
+"""``--generation compiled`` (marlhf_cli/generation/compiled.py): the static-cache sampler draws
 what the eager token loop draws, reads the weights an optimizer just wrote, keeps its
 buckets across calls, and falls back to the eager loop, saying why, where it cannot serve.
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from marlhf_cli.train.forward import policy_forward
-from marlhf_cli.train.ppo import compiled_sampling, static_cache
-from marlhf_cli.train.ppo.sampling import SamplingParams, cache_argument, response_mask, sample
+from marlhf_cli.generation import compiled as compiled_sampling, static_cache
+from marlhf_cli.generation import SamplingParams, cache_argument, response_mask, sample
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -237,7 +237,7 @@ def test_buckets_serve_smaller_calls_and_the_count_stays_flat(llama):
 def test_a_bucket_that_does_not_fit_samples_eagerly_and_says_so_once(llama, monkeypatch):
     said = []
     monkeypatch.setattr(compiled_sampling, "free_bytes", lambda device: 1000)
-    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr("marlhf_cli.console.say", said.append)
     eager, compiled = _both(llama, CASES["plain"])
     eager2, compiled2 = _both(llama, CASES["plain"], seed=2)
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager2[0], compiled2[0])
@@ -250,7 +250,7 @@ def test_a_model_the_static_cache_does_not_cover_samples_eagerly(monkeypatch):
     """Not on the list (here: a sliding window shorter than the sequence), or found at run time
     to do what its config did not say (a head count, positions read from the cache)."""
     said = []
-    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr("marlhf_cli.console.say", said.append)
     windowed = _llama()
     windowed.config.sliding_window, windowed.config.layer_types = 16, ["sliding_attention"] * 2
     eager, compiled = _both(windowed, CASES["plain"])
@@ -292,7 +292,7 @@ def test_a_failed_recording_or_replay_samples_eagerly_for_the_rest_of_the_run(ll
     device error) never ends the run: that call and every later one sample eagerly, from the
     random state the call began with (so the draws are the eager loop's), and one line says why."""
     said = []
-    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr("marlhf_cli.console.say", said.append)
     monkeypatch.setattr(compiled_sampling, "records", lambda device: True)  # as on CUDA
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
 
@@ -349,19 +349,17 @@ def _cache_traffic(model, bucket) -> int:
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_grouped_query_attention_reads_the_cache_once(monkeypatch, attention):
     """Two query heads per key-value head: the decoding step's attention reads the cache once
-    per layer (decode_attention.attention), where repeat_kv would read it, write a copy per
+    per layer (generation/attention.py), where repeat_kv would read it, write a copy per
     query head and read the copies: (kv + 2 x query heads) / kv times the bytes, 5x here (4
-    heads over 2), 7x for SmolLM2-135M (9 over 3): decode_attention.attention_bytes_per_token,
+    heads over 2), 7x for SmolLM2-135M (9 over 3): static_cache.attention_bytes_per_token,
     exactly what the grouped step moves, and at most what the model's own eager attention moves
     (its matmuls copy the transposed keys once more)."""
-    from marlhf_cli.train.ppo import decode_attention
-
     model = _llama(attn_implementation=attention)
     shape = static_cache.Shape(rows=4, length=64, top_k=0, nucleus=False, stops=(EOS,), pad=PAD, dtype=torch.float32,
                                device=torch.device("cpu"))  # fmt: skip
     bucket = static_cache.Bucket(model, shape, cache_argument(model))
-    grouped = decode_attention.attention_bytes_per_token(model.config, 4, 64, torch.float32, grouped=True)
-    copied = decode_attention.attention_bytes_per_token(model.config, 4, 64, torch.float32, grouped=False)
+    grouped = static_cache.attention_bytes_per_token(model.config, 4, 64, torch.float32, grouped=True)
+    copied = static_cache.attention_bytes_per_token(model.config, 4, 64, torch.float32, grouped=False)
     assert _cache_traffic(model, bucket) == grouped == 2 * 2 * 4 * 2 * 64 * 8 * 4  # layers x K,V x rows x kv heads x L x D x 4 bytes
     if attention == "eager":  # the model's own eager attention copies the cache per query head
         import contextlib
@@ -422,7 +420,7 @@ def test_a_step_that_reads_a_value_back_is_found_by_running_it_and_sampled_eager
     from transformers import AutoConfig, AutoModelForCausalLM
 
     said = []
-    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr("marlhf_cli.console.say", said.append)
     monkeypatch.setattr(compiled_sampling, "records", lambda device: True)  # as on CUDA
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(static_cache.Bucket, "record", lambda bucket, net, pool: pytest.fail("recorded a step that reads the host"))
@@ -448,7 +446,7 @@ def test_the_caches_make_room_for_the_update_unless_measured_to_fit(llama, monke
     kept through an update while its measured peak plus what they hold stays under 90% of the
     device, and freed again when a peak with them held goes past it. A CPU keeps them."""
     said, peaks = [], iter([50e9, 70e9, 95e9])
-    monkeypatch.setattr("marlhf_cli.train.common.say", said.append)
+    monkeypatch.setattr("marlhf_cli.console.say", said.append)
     monkeypatch.setattr(compiled_sampling, "measures", lambda device: True)
     monkeypatch.setattr(compiled_sampling, "total_bytes", lambda device: 100e9)
     monkeypatch.setattr(compiled_sampling, "peak_bytes", lambda device: next(peaks))
@@ -590,7 +588,7 @@ def engine_step_then_sample(device: str, dtype: str, zero_stage: int) -> dict:
     from marlhf_cli import config as config_module, engine as eng
     from marlhf_cli.models import load_causal_lm, load_tokenizer
     from marlhf_cli.train.forward import disable_dropout
-    from marlhf_cli.train.ppo.experience import tokenize_prompts
+    from marlhf_cli.generation.texts import tokenize_prompts
 
     config = config_module.resolve("ppo", flags=dict(dtype=dtype, zero_stage=zero_stage, rollout_batch_size=2, mini_batch_size=2))
     model = load_causal_lm("tiny", dtype=dtype).to(device)

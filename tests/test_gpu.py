@@ -129,8 +129,8 @@ def test_kv_cached_sampler_log_probs_match_a_full_forward(record_property):
     compiled sampler's gap within twice the eager one's, measured in the same run."""
     from marlhf_cli.models import load_causal_lm, load_tokenizer
     from marlhf_cli.train.forward import policy_forward
-    from marlhf_cli.train.ppo.experience import tokenize_prompts
-    from marlhf_cli.train.ppo.sampling import SamplingParams, response_mask, sample
+    from marlhf_cli.generation.texts import tokenize_prompts
+    from marlhf_cli.generation import SamplingParams, response_mask, sample
 
     tokenizer = load_tokenizer("random:smollm2-135m", padding_side="left")
     prompts = ["x", "a much longer prompt than the first one", "third one"]
@@ -171,9 +171,9 @@ def test_the_compiled_sampler_replays_one_graph_and_draws_the_eager_tokens(recor
     >= 99% of positions, with log-probs within 1e-5 where they agree. The milliseconds per token
     of each are recorded, not asserted (benchmarks/decode_cost.py measures speed)."""
     from marlhf_cli.models import load_causal_lm, load_tokenizer
-    from marlhf_cli.train.ppo import compiled_sampling
-    from marlhf_cli.train.ppo.experience import tokenize_prompts
-    from marlhf_cli.train.ppo.sampling import SamplingParams, sample
+    from marlhf_cli.generation import compiled as compiled_sampling
+    from marlhf_cli.generation.texts import tokenize_prompts
+    from marlhf_cli.generation import SamplingParams, sample
 
     tokenizer = load_tokenizer("random:smollm2-135m", padding_side="left")
     prompts = ["x", "a much longer prompt than the first one", "third one", "four", "and a fifth prompt here",
@@ -217,7 +217,7 @@ def test_every_architecture_replays_its_recorded_step(record_property):
     named (the record property ``fell_back``) and fails the test."""
     from test_compiled_sampling import CASES, _agree, _both, tiny_of
 
-    from marlhf_cli.train.ppo import compiled_sampling, static_cache
+    from marlhf_cli.generation import compiled as compiled_sampling, static_cache
 
     fell_back = {}
     for model_type in static_cache.SUPPORTED_MODEL_TYPES:
@@ -245,7 +245,7 @@ def test_the_recorded_step_reads_the_weights_an_optimizer_step_wrote(dtype, zero
     apart from the old ones' (tests/test_compiled_sampling.py runs the same on a CPU)."""
     from test_compiled_sampling import engine_step_then_sample
 
-    from marlhf_cli.train.ppo import compiled_sampling
+    from marlhf_cli.generation import compiled as compiled_sampling
 
     got = engine_step_then_sample(DEVICE, dtype, zero_stage)
     assert got["made_after"] == got["made_before"] == 1

@@ -3,6 +3,7 @@ name there exists, and no module grows past 450 lines (a file that does one job 
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -54,3 +55,85 @@ def test_only_the_cli_reaches_into_the_evaluations():
         if "evaluate" not in p.relative_to(PACKAGE).parts and p.name != "cli.py" and pattern.search(p.read_text(encoding="utf-8"))
     )  # fmt: skip
     assert not reaching, f"these import marlhf_cli.evaluate from below it: {reaching}"
+
+
+def _imports(path: Path) -> set[str]:
+    """The marlhf_cli modules ``path`` imports, at module level or inside a function (a lazy
+    import is still a dependency), leaving out ``if TYPE_CHECKING:`` blocks (annotations only)."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(inner) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for inner in ast.walk(node)
+    }  # fmt: skip
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "marlhf_cli":
+                for alias in node.names:  # `from . import x` names a module; `from .m import f` names m
+                    found.add(f"{target}.{alias.name}" if _module_path(f"{target}.{alias.name}") else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "marlhf_cli")
+    return found
+
+
+def _module_path(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in _modules():
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        graph[module] = {target.removesuffix(".__init__") for target in _imports(path)} - {module}
+    return graph
+
+
+def test_no_module_imports_itself_back():
+    """No import circle anywhere in the package, lazy imports included (artifacts.py and
+    provenance.py once imported each other; the sampler's three modules did too): a circle is
+    two modules that are one concern, or a helper in the wrong one."""
+    graph = _graph()
+    circles, state = [], {}
+
+    def visit(module, trail):
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                circles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_sampler_sits_below_the_stages():
+    """marlhf_cli/generation/ serves ppo, mc's continuations, bon and passk: it imports none of
+    them, only the two leaves every stage shares (console.py to speak, encode.py to encode a
+    prompt as sft does), and nothing outside train/ppo reaches into it."""
+    graph = _graph()
+    leaves = {"marlhf_cli.console", "marlhf_cli.encode"}
+    above = {m: sorted(t for t in targets if not t.startswith("marlhf_cli.generation") and t not in leaves)
+             for m, targets in graph.items() if m.startswith("marlhf_cli.generation")}  # fmt: skip
+    assert not any(above.values()), f"the sampler imports from above it: {above}"
+    assert graph["marlhf_cli.encode"] == set() and graph["marlhf_cli.console"] <= {"marlhf_cli.engine"}
+    # outside ppo only its reward interface is read (bon scores with ppo's reward functions)
+    reaching = {m: sorted(t for t in targets if t.startswith("marlhf_cli.train.ppo") and t != "marlhf_cli.train.ppo.rewards")
+                for m, targets in graph.items() if not m.startswith("marlhf_cli.train.ppo") and m != "marlhf_cli.cli"}  # fmt: skip
+    assert not any(reaching.values()), f"these reach into train/ppo: {reaching}"

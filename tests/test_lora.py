@@ -16,6 +16,7 @@ import pytest
 from _toy_prefs import write_toy_preferences
 from marlhf_cli import config as config_module
 from marlhf_cli import lora
+from marlhf_cli.generation.texts import tokenize_prompts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -147,7 +148,7 @@ def test_ppo_reference_and_reward_are_the_bases_and_only_adapters_train(tmp_path
     base_rm.config.pad_token_id = models.tokenizer.pad_token_id
     plain_reward = RewardModelReward(base_rm)
 
-    prompts = ppo.experience.tokenize_prompts(models.tokenizer, ["Tell me about cats.", "Rain?"], 16, "cpu")
+    prompts = tokenize_prompts(models.tokenizer, ["Tell me about cats.", "Rain?"], 16, "cpu")
     response = torch.randint(100, 5000, (2, 6), generator=torch.Generator().manual_seed(0))
     sequences = torch.cat([prompts[0], response], dim=1)
     mask = torch.cat([prompts[1], torch.ones_like(response)], dim=1)

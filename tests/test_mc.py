@@ -134,8 +134,8 @@ def _rollout(models, reward, *, max_new_tokens=10, kl_coef=0.0, prompts=None):
 def test_a_row_draws_the_same_tokens_alone_or_in_a_batch(models):
     """Per-row random numbers: a row's continuation does not depend on the batch around it
     (other prefixes of other lengths, so other left padding)."""
-    from marlhf_cli.train.ppo.experience import tokenize_prompts
-    from marlhf_cli.train.ppo.sampling import SamplingParams, sample
+    from marlhf_cli.generation.texts import tokenize_prompts
+    from marlhf_cli.generation import SamplingParams, sample
 
     tok = models["tokenizer"]
     texts = ["a short one", "a much longer prefix that needs far more tokens than the others", "mid length text"]
@@ -156,8 +156,8 @@ def test_a_row_draws_the_same_tokens_alone_or_in_a_batch(models):
 
 
 def test_repeats_share_the_prefill_and_draw_what_repeated_prompts_draw(models):
-    from marlhf_cli.train.ppo.experience import tokenize_prompts
-    from marlhf_cli.train.ppo.sampling import SamplingParams, sample
+    from marlhf_cli.generation.texts import tokenize_prompts
+    from marlhf_cli.generation import SamplingParams, sample
 
     tok = models["tokenizer"]
     ids, mask = tokenize_prompts(tok, ["a short one", "a longer prompt than the first one"], 64, "cpu")
@@ -170,8 +170,8 @@ def test_repeats_share_the_prefill_and_draw_what_repeated_prompts_draw(models):
 
 
 def test_budgets_end_rows_early(models):
-    from marlhf_cli.train.ppo.experience import tokenize_prompts
-    from marlhf_cli.train.ppo.sampling import SamplingParams, sample
+    from marlhf_cli.generation.texts import tokenize_prompts
+    from marlhf_cli.generation import SamplingParams, sample
 
     tok = models["tokenizer"]
     ids, mask = tokenize_prompts(tok, ["one", "two"], 16, "cpu")
@@ -182,7 +182,7 @@ def test_budgets_end_rows_early(models):
 
 def test_continuations_extend_their_prefix_within_the_budget_and_are_scored_as_responses(models):
     from marlhf_cli.train.ppo.continuations import continuation_seed, sample_continuations
-    from marlhf_cli.train.ppo.sampling import SamplingParams, sample
+    from marlhf_cli.generation import SamplingParams, sample
 
     reward = RecordingReward()
     exp, settings = _rollout(models, reward)

@@ -172,7 +172,7 @@ def test_choices_match_the_modules_that_use_them():
     from marlhf_cli.macro import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_MODES, RULE_NAMES, VALUE_FUNCTIONS
     from marlhf_cli.macro.parsing import BACKENDS as PARSING_BACKENDS
     from marlhf_cli.macro.segmentation import BACKENDS
-    from marlhf_cli.train.ppo.compiled_sampling import MODES
+    from marlhf_cli.generation.compiled import MODES
     from marlhf_cli.train.ppo.settings import REWARDS
 
     assert accepts.RULES == RULE_NAMES

@@ -17,7 +17,6 @@ from marlhf_cli.train.ppo.experience import (
     kl_per_token,
     make_experience,
     place_rewards,
-    tokenize_prompts,
 )
 from marlhf_cli.train.forward import (
     TokenValues,
@@ -28,7 +27,8 @@ from marlhf_cli.train.forward import (
     position_ids_from_mask,
 )
 from marlhf_cli.train.ppo.rewards import ScoringBatch, TokenFractionReward
-from marlhf_cli.train.ppo.sampling import SamplingParams, draw, filter_logits, response_mask, sample
+from marlhf_cli.generation import SamplingParams, draw, filter_logits, response_mask, sample, texts
+from marlhf_cli.generation.texts import tokenize_prompts
 from marlhf_cli.train.ppo.update import UpdateSettings, ppo_update
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -240,9 +240,9 @@ def test_the_sampling_pass_gives_the_forwards_log_probs(models, top_k, top_p):
     ],
 )  # fmt: skip
 def test_prompts_in_equal_runs_are_found(prompts, expected):
-    from marlhf_cli.train.ppo.experience import _run_length
+    from marlhf_cli.generation.texts import run_length
 
-    assert _run_length(prompts) == expected
+    assert run_length(prompts) == expected
 
 
 def test_a_group_reads_its_prompt_once_and_samples_what_k_copies_would(models, monkeypatch):
@@ -255,10 +255,10 @@ def test_a_group_reads_its_prompt_once_and_samples_what_k_copies_would(models, m
     settings = RolloutSettings(temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=10, max_prompt_length=32)
     prompts = ["x"] * 4 + ["a much longer prompt than x"] * 4
     torch.manual_seed(5)
-    grouped = experience._generate(actor, tok, prompts, settings, device="cpu", with_logprobs=True)
-    monkeypatch.setattr(experience, "_run_length", lambda prompts: 1)
+    grouped = experience.generate(actor, tok, prompts, settings, device="cpu", with_logprobs=True)
+    monkeypatch.setattr(texts, "run_length", lambda prompts: 1)
     torch.manual_seed(5)
-    copies = experience._generate(actor, tok, prompts, settings, device="cpu", with_logprobs=True)
+    copies = experience.generate(actor, tok, prompts, settings, device="cpu", with_logprobs=True)
     for index in range(5):  # prompt ids, prompt mask, response ids, mask, has_eos
         assert torch.equal(grouped[index], copies[index]), index
     real = grouped[3].bool()

@@ -19,7 +19,7 @@ from marlhf_cli.errors import UserError
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 # per process or per machine: timings, and the static-cache buckets a process made (a resumed
-# process makes its own: marlhf_cli/train/ppo/compiled_sampling.py)
+# process makes its own: marlhf_cli/generation/compiled.py)
 VOLATILE = ("time", "step_time", "generation_time", "scoring_time", "credit_time", "training_time", "tokens_per_second",
             "generation_captures", "generation_replays")
 

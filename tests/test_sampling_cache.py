@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from marlhf_cli.train.forward import policy_forward
-from marlhf_cli.train.ppo.sampling import SamplingParams, cache_argument, response_mask, sample
+from marlhf_cli.generation import SamplingParams, cache_argument, response_mask, sample
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -15,7 +15,7 @@ from _toy_prefs import write_toy_preferences
 from marlhf_cli import launch
 from marlhf_cli.errors import UserError
 from marlhf_cli.train import loop, sft
-from marlhf_cli.train.encode import IGNORE
+from marlhf_cli.encode import IGNORE
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from marlhf_cli.artifacts import read_jsonl
 from marlhf_cli.data import load_records
 from marlhf_cli.errors import UserError
 from marlhf_cli.train import sft
-from marlhf_cli.train.encode import IGNORE
+from marlhf_cli.encode import IGNORE
 
 TEXTS = [f"Line {i}: the quick brown fox jumps over {i} lazy dogs." for i in range(30)]
 

@@ -69,7 +69,7 @@ def model(shape: str, dtype, device, seed: int = 0):
 
 
 def sample(net, prompts, params, generation, uniforms=None):
-    from marlhf_cli.train.ppo.sampling import SamplingParams, sample as draw
+    from marlhf_cli.generation import SamplingParams, sample as draw
 
     settings = SamplingParams(**params, generation=generation)
     ids, mask = prompts
@@ -78,7 +78,7 @@ def sample(net, prompts, params, generation, uniforms=None):
 
 def full_logprobs(net, prompts, ids, temperature):
     from marlhf_cli.train.forward import policy_forward
-    from marlhf_cli.train.ppo.sampling import response_mask
+    from marlhf_cli.generation import response_mask
 
     prompt, mask = prompts
     real, _ = response_mask(ids, 2)
@@ -97,8 +97,8 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("FAIL device: torch sees no GPU")
         return 1
-    from marlhf_cli.train.ppo import compiled_sampling
-    from marlhf_cli.train.ppo.sampling import draw, filter_logits
+    from marlhf_cli.generation import compiled as compiled_sampling
+    from marlhf_cli.generation import draw, filter_logits
 
     shape = "tiny" if args.quick else "random:smollm2-135m"
     new_tokens = 16 if args.quick else 64

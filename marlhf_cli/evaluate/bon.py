@@ -11,7 +11,7 @@ picks the response the function likes best.
 
 Sampling and scoring reuse the PPO stage's pieces, so scores are comparable with ``marlhf
 ppo``'s evaluation: prompts are rendered and encoded as in training (``--chat-template``, :mod:`marlhf_cli.chat`;
-:func:`..train.ppo.experience.generate`, left-padded, mask-derived positions, plain ``logits /
+:func:`..generation.texts.generate`, left-padded, mask-derived positions, plain ``logits /
 T`` sampling, top-k/top-p only when asked, stopping at EOS or the template's end of turn),
 and the reward model reads its score at the last real response token
 (:class:`..train.ppo.rewards.RewardModelReward`). When the reward model's tokenizer differs from
@@ -161,12 +161,13 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
     """``samples`` scored responses per prompt at one temperature: [{"prompt", "samples": [...]}]."""
     import torch
 
-    from ..train.ppo.experience import RolloutSettings, generate, scoring_batch
+    from ..generation import SamplingParams
+    from ..generation.texts import generate
+    from ..train.ppo.rewards import scoring_batch
 
-    settings = RolloutSettings(
-        temperature=temperature, top_k=config.top_k, top_p=config.top_p,
-        max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
-        stop_token_ids=models.chat.stop_ids, generation=config.generation,
+    sampling = SamplingParams(
+        temperature, config.top_k, config.top_p, config.max_new_tokens, generation=config.generation,
+        cache_length=config.max_prompt_length + config.max_new_tokens,
     )  # fmt: skip
     rows = [r for r in records for _ in range(samples)]
     out: list[dict] = []
@@ -175,7 +176,10 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
         for start in range(0, len(rows), config.batch_size):
             part = rows[start : start + config.batch_size]
             prompts = [models.chat.prompt(r) for r in part]
-            prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(models.policy, models.tokenizer, prompts, settings, device=models.device)
+            prompt_ids, prompt_mask, response_ids, mask, has_eos, _ = generate(
+                models.policy, models.tokenizer, prompts, sampling, max_prompt_length=config.max_prompt_length,
+                stop_token_ids=models.chat.stop_ids, device=models.device,
+            )  # fmt: skip
             batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)
             scores = models.reward(batch).float().cpu().tolist()
             lengths = mask.sum(dim=1).cpu().tolist()
@@ -225,7 +229,7 @@ def run(config) -> dict[str, Any]:
 
     from ..chat import ChatFormat
     from ..models import load_tokenizer
-    from ..train.ppo import compiled_sampling
+    from ..generation import compiled
 
     ns, temps = check(config)
     samples = max(ns)
@@ -256,7 +260,7 @@ def run(config) -> dict[str, Any]:
     )  # fmt: skip
     if todo:
         models = load_models(config, policy, reward_model)
-        compiled_sampling.settle(config, models.policy, rows=config.batch_size, device=models.device,
+        compiled.settle(config, models.policy, rows=config.batch_size, device=models.device,
                                  say=lambda line: err.print(line, highlight=False, soft_wrap=True))  # fmt: skip
         progress = Progress(
             TextColumn("[bold]bon[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("<"),

@@ -29,7 +29,7 @@ def score_rendered(model, tokenizer, rendered: Sequence[Rendered], *, max_prompt
     response's end token, in batches of ``batch_size``."""
     import torch
 
-    from ..train.encode import attention_mask, encode_prompt, encode_response, pad_right
+    from ..encode import attention_mask, encode_prompt, encode_response, pad_right
     from ..train.scoring import sequence_scores
 
     rows = [

@@ -92,17 +92,20 @@ def sample_responses(model, tokenizer, device, prompts: Sequence[str], config, s
     in order; a response ends at EOS or any of ``stop_token_ids`` (a chat template's end of turn)."""
     import torch
 
-    from ..train.ppo.experience import RolloutSettings, decode_responses, generate
+    from ..generation import SamplingParams
+    from ..generation.texts import decode_responses, generate
 
-    settings = RolloutSettings(
-        temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-        max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids), generation=config.generation,
+    sampling = SamplingParams(
+        config.temperature, config.top_k, config.top_p, config.max_new_tokens, generation=config.generation,
+        cache_length=config.max_prompt_length + config.max_new_tokens,
     )  # fmt: skip
     for start in range(0, len(prompts), config.batch_size):
         part = list(prompts[start : start + config.batch_size])
         with torch.no_grad():
-            _, _, response_ids, mask, _ = generate(model, tokenizer, part, settings, device=device)
+            _, _, response_ids, mask, _, _ = generate(
+                model, tokenizer, part, sampling, max_prompt_length=config.max_prompt_length,
+                stop_token_ids=tuple(stop_token_ids), device=device,
+            )  # fmt: skip
         ids = [row[: int(n)].tolist() for row, n in zip(response_ids.cpu(), mask.sum(dim=1).cpu())]
         yield start, decode_responses(tokenizer, response_ids, mask), ids
 
@@ -147,7 +150,7 @@ def run(config) -> dict[str, Any]:
     from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
     from ..train.forward import disable_dropout
-    from ..train.ppo import compiled_sampling
+    from ..generation import compiled
 
     console = Console(stderr=True)
     ks = check(config)
@@ -176,7 +179,7 @@ def run(config) -> dict[str, Any]:
     disable_dropout(model)
     model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
-    compiled_sampling.settle(config, model, rows=config.batch_size, device=device,
+    compiled.settle(config, model, rows=config.batch_size, device=device,
                              say=lambda line: console.print(line, highlight=False, soft_wrap=True))  # fmt: skip
 
     chat = ChatFormat(tokenizer, config.chat_template)  # APPS prompts are plain text: only a template FILE applies

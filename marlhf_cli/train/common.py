@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import checkpoints
 from .. import config as config_module
+from .. import console
 from .. import engine as eng
 from .. import launch
 from ..artifacts import RunDir
@@ -49,11 +50,8 @@ def resolve_dtype(config: Any) -> None:
 
 
 def say(message: str) -> None:
-    """A line for the user on stderr, from rank 0 only."""
-    if eng.is_main():
-        from rich.console import Console
-
-        Console(stderr=True).print(message, highlight=False, soft_wrap=True)
+    """A line for the user on stderr, from rank 0 only (:func:`marlhf_cli.console.say`)."""
+    console.say(message)
 
 
 def split_seed(config: Any) -> int:

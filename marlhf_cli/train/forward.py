@@ -25,12 +25,8 @@ import contextlib
 import torch
 
 from ..errors import UserError
+from ..generation.draw import position_ids_from_mask, unwrap
 from . import scoring
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only: ``cumsum(mask) - 1`` clamped at 0."""
-    return scoring.position_ids(attention_mask)
 
 
 def logprobs_from_logits(
@@ -81,11 +77,6 @@ def disable_dropout(model) -> None:
     for key in list(vars(config)) if config is not None else []:
         if "dropout" in key and isinstance(getattr(config, key), float):
             setattr(config, key, 0.0)
-
-
-def unwrap(model):
-    """The Hugging Face model inside a DeepSpeed engine (or the model itself)."""
-    return getattr(model, "module", model)
 
 
 def policy_forward(

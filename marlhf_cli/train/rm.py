@@ -28,7 +28,7 @@ from ..artifacts import RunDir
 from . import common, extending, loop, scoring
 from .freeze import train_top_layers
 from ..chat import NONE, ChatFormat
-from .encode import attention_mask, encode_prompt, encode_response, pad_right
+from ..encode import attention_mask, encode_prompt, encode_response, pad_right
 
 STAGE = "rm"
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..generation.draw import hugging_face_model, position_ids_from_mask
+
 MEAN_KEY = "marlhf_reward_mean"
 STD_KEY = "marlhf_reward_std"
 POSITION_KEY = "marlhf_score_position"
@@ -32,16 +34,7 @@ def last_token_index(attention_mask):
     return (positions * attention_mask.long()).argmax(dim=-1)
 
 
-def position_ids(attention_mask):
-    """0, 1, 2, ... over the real tokens of each row; padding gets 0."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def hugging_face_model(model):
-    """A peft model's Hugging Face model (its LoRA layers in place), or ``model`` itself: the
-    functions below reach into the backbone by the Hugging Face attribute names."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+position_ids = position_ids_from_mask  # the name the stages and tests know
 
 
 def is_decoder_head(model) -> bool:

@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..wording import count
 from . import common, extending, loop
 from ..chat import ChatFormat, Rendered
-from .encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
+from ..encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
 
 STAGE = "sft"
 

@@ -41,7 +41,7 @@ settings), ``sampling`` and ``experience`` (the rollout), ``rewards`` (where sco
 from), ``credit`` (termination rule -> segment advantages, or the group baselines),
 ``update`` (the PPO epochs), ``metrics``, ``evaluation`` (held-out prompts),
 ``estimators`` (the --advantage registry), ``continuations`` (mc's sampled values),
-``checkpointing`` (resume), ``generation`` (ZeRO-3's sampling copy) and ``report`` (final
+``checkpointing`` (resume), ``sampling_copy`` (ZeRO-3's sampling copy) and ``report`` (final
 table, ``--compare``). Its command-line flags are in :mod:`marlhf_cli.train.flags`, which
 loads no torch.
 """
@@ -57,13 +57,14 @@ from ... import artifacts, checkpoints, engine as eng, lora
 from ...artifacts import RunDir
 from ...data.records import PROMPT_KINDS
 from ...errors import UserError
+from ...generation import compiled
 from ...macro.segmentation import warm_up
 from ...models import check_context
 from ...seeding import derived_seed
 from ...wording import count
 from .. import common
 from ..monitor import Monitor, as_logged
-from . import compiled_sampling, completions, credit, critic_fit, stopping, value_head
+from . import completions, credit, critic_fit, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs, mc_cost
@@ -98,7 +99,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     common.start(config)
     check_options(config)
     # resolved before anything is fingerprinted (as --dtype auto is), so a resume compares it
-    config.generation, generation_why = compiled_sampling.resolve(config.generation)
+    config.generation, generation_why = compiled.resolve(config.generation)
     run_dir = RunDir(config.run_dir)
     name = run_name(config)
     policy, reward_model = model_sources(config, run_dir)
@@ -118,7 +119,7 @@ def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
         if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
             reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
     models = build_models(config, policy, reward_model, reward_fn if reward_fn is not None else rewards, extension)
-    compiled_sampling.announce(config, generation_why, models.sampler.module, device=models.device, say=common.say,
+    compiled.announce(config, generation_why, models.sampler.module, device=models.device, say=common.say,
                                rows=responses_per_step(config) // eng.world_size())  # fmt: skip
     ctx = make_context(config, models, prompts.records)
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
@@ -236,9 +237,9 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     trained = time.perf_counter()
     warming = step < config.critic_warmup_steps and models.critic is not None
     generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
-    compiled_sampling.before_training(sampler)  # the static caches make room for the update unless measured to fit
+    compiled.before_training(sampler)  # the static caches make room for the update unless measured to fit
     update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator, train_actor=not warming)
-    compiled_sampling.after_training(sampler, models.device)
+    compiled.after_training(sampler, models.device)
     training_seconds = time.perf_counter() - trained
 
     timings = {
@@ -253,8 +254,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
         del metrics["segment_length"]
     metrics["step_time"] = time.perf_counter() - began
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(metrics["step_time"], 1e-9)
-    metrics["generation_captures"] = float(compiled_sampling.captures(sampler))  # flat after the first steps
-    metrics["generation_replays"] = float(compiled_sampling.replays(sampler))  # tokens drawn by a recorded step
+    metrics["generation_captures"] = float(compiled.captures(sampler))  # flat after the first steps
+    metrics["generation_replays"] = float(compiled.replays(sampler))  # tokens drawn by a recorded step
     metrics["actor_lr"] = eng.current_lr(models.actor)
     if warming:  # reported apart: the actor did not move at this step
         metrics["critic_warmup"] = 1.0

@@ -34,9 +34,10 @@ import torch
 from ...macro import BoundaryPlan
 from ...seeding import derived_seed
 from ..forward import resident
-from .experience import RolloutSettings, final_scores, scoring_batch
+from .experience import RolloutSettings, final_scores
+from .rewards import scoring_batch
 from .rewards import RewardFn
-from .sampling import sample, stops
+from ...generation import sample, stops
 
 
 @dataclass

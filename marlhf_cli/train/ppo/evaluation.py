@@ -19,7 +19,8 @@ from ...errors import UserError
 from ...seeding import derived_seed
 from .. import common
 from . import stopping
-from .experience import generate, scoring_batch
+from .experience import generate
+from .rewards import scoring_batch
 from ..forward import resident
 
 
@@ -101,7 +102,7 @@ def _score_shard(ctx: Any, mine: Sequence[dict], chunk: int, rank: int, processe
     for start in range(0, len(mine), chunk):
         part = mine[start : start + chunk]
         prompts = [ctx.chat.prompt(r) for r in part]
-        prompt_ids, prompt_mask, response_ids, mask, has_eos = generate(
+        prompt_ids, prompt_mask, response_ids, mask, has_eos, _ = generate(
             sampler, models.tokenizer, prompts, ctx.rollout, device=models.device
         )
         batch = scoring_batch(models.tokenizer, prompts, part, prompt_ids, prompt_mask, response_ids, mask, has_eos)

@@ -32,10 +32,9 @@ from typing import Callable, Sequence
 import torch
 
 from ...macro import kl_per_token
-from ..encode import encode_prompt
 from ..forward import critic_values, policy_forward, resident, unwrap
-from .rewards import RewardFn, ScoringBatch
-from .sampling import SamplingParams, response_mask, sample
+from .rewards import RewardFn, scoring_batch
+from ...generation import SamplingParams, texts
 
 
 @dataclass
@@ -154,77 +153,12 @@ def _batched(fn: Callable[[slice], torch.Tensor], size: int, chunk: int) -> torc
     return torch.cat([fn(part) for part in _chunks(size, chunk)], dim=0)
 
 
-def tokenize_prompts(tokenizer, prompts: Sequence[str], max_length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask, encoded exactly as ``marlhf sft`` encodes prompts
-    (:func:`.encode.encode_prompt`: a long prompt keeps its *end*, where "TL;DR:" or the
-    assistant cue sits)."""
-    rows = [encode_prompt(tokenizer, prompt, max_length) for prompt in prompts]
-    longest = max(len(row) for row in rows)
-    ids = torch.full((len(rows), longest), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for index, row in enumerate(rows):
-        if row:
-            ids[index, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[index, longest - len(row) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def decode_responses(tokenizer, response_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    return [
-        tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        for row, n in zip(response_ids.cpu(), mask.sum(dim=1).cpu())
-    ]
-
-
-def generate(model, tokenizer, prompts: Sequence[str], settings: RolloutSettings, *, device):
-    """Sample responses: (prompt ids+mask, response ids, response mask, has_eos)."""
-    return _generate(model, tokenizer, prompts, settings, device=device)[:5]
-
-
-def _generate(model, tokenizer, prompts, settings: RolloutSettings, *, device, with_logprobs: bool = False):
-    """:func:`generate`, plus the sampled tokens' log-probs (or None) as a sixth item.
-
-    Prompts that come in equal runs (rloo/grpo/mc's K responses per prompt, bon's samples)
-    are read once per run: the sampler copies a prompt's KV cache to its K rows (``repeats``)
-    instead of running the same prefill K times; the draws are the same."""
-    repeats = _run_length(prompts)
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts[::repeats], settings.max_prompt_length, device)
-    stop = (tokenizer.eos_token_id, *settings.stop_token_ids)
-    sampled = sample(
-        model, prompt_ids, prompt_mask, settings.sampling,
-        eos_token_id=stop, pad_token_id=tokenizer.pad_token_id, with_logprobs=with_logprobs, repeats=repeats,
-    )
-    if repeats > 1:
-        prompt_ids, prompt_mask = prompt_ids.repeat_interleave(repeats, dim=0), prompt_mask.repeat_interleave(repeats, dim=0)
-    response_ids, logprobs = sampled if with_logprobs else (sampled, None)
-    mask, has_eos = response_mask(response_ids, stop)
-    return prompt_ids, prompt_mask, response_ids, mask, has_eos, logprobs
-
-
-def _run_length(prompts: Sequence[str]) -> int:
-    """r when ``prompts`` is runs of r equal prompts (r >= 1, each run's prompt may repeat in
-    the next run), else 1."""
-    run = next((i for i, prompt in enumerate(prompts) if prompt != prompts[0]), len(prompts))
-    if run < 2 or len(prompts) % run:
-        return 1
-    starts = range(0, len(prompts), run)
-    return run if all(prompts[j] == prompts[start] for start in starts for j in range(start, start + run)) else 1
-
-
-def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos) -> ScoringBatch:
-    sequences = torch.cat([prompt_ids, response_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)
-    return ScoringBatch(
-        prompts=list(prompts),
-        responses=decode_responses(tokenizer, response_ids, mask),
-        sequences=sequences,
-        attention_mask=attention_mask,
-        prompt_length=prompt_ids.shape[1],
-        response_ids=response_ids,
-        response_mask=mask,
-        has_eos=has_eos,
-        records=list(records),
-    )
+def generate(model, tokenizer, prompts: Sequence[str], settings: RolloutSettings, *, device, with_logprobs: bool = False):
+    """Sample a rollout's responses (:func:`marlhf_cli.generation.texts.generate` with its settings)."""
+    return texts.generate(
+        model, tokenizer, prompts, settings.sampling, max_prompt_length=settings.max_prompt_length,
+        stop_token_ids=settings.stop_token_ids, device=device, with_logprobs=with_logprobs,
+    )  # fmt: skip
 
 
 def _parameter_dtype(model) -> torch.dtype | None:
@@ -262,7 +196,7 @@ def make_experience(
     # (0.26 at worst, SmolLM2-135M in bf16), enough to clip the first update's ratio, so
     # there the old log-probs come from a forward shaped like the training one, as before.
     from_sampling = _parameter_dtype(sampling_model) == torch.float32
-    prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = _generate(
+    prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = generate(
         sampling_model, tokenizer, prompts, settings, device=device, with_logprobs=from_sampling
     )
     generated = time.perf_counter()

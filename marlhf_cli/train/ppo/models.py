@@ -12,7 +12,7 @@ from .. import common, extending
 from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from . import value_head
-from .generation import GenerationModel
+from .sampling_copy import GenerationModel
 from .rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
 from .settings import is_critic_free, make_rewards, micro_batch, optimizer_steps, reward_specs, reward_weights, run_name
 

@@ -24,6 +24,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from .. import scoring
+from ...generation.texts import decode_responses
 from ..forward import last_token_scores
 
 
@@ -44,6 +45,23 @@ class ScoringBatch:
     response_mask: torch.Tensor
     has_eos: torch.Tensor
     records: Sequence[dict] = field(default_factory=list)
+
+
+def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos) -> ScoringBatch:
+    """What a reward function reads of sampled responses: [prompt | response] ids and mask, texts."""
+    sequences = torch.cat([prompt_ids, response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)
+    return ScoringBatch(
+        prompts=list(prompts),
+        responses=decode_responses(tokenizer, response_ids, mask),
+        sequences=sequences,
+        attention_mask=attention_mask,
+        prompt_length=prompt_ids.shape[1],
+        response_ids=response_ids,
+        response_mask=mask,
+        has_eos=has_eos,
+        records=list(records),
+    )
 
 
 @runtime_checkable

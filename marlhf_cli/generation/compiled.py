@@ -77,7 +77,8 @@ from typing import Sequence
 
 import torch
 
-from ..forward import position_ids_from_mask, unwrap
+from .. import console
+from .draw import cache_argument, position_ids_from_mask, unwrap
 from .static_cache import Bucket, Shape, StaticCacheMismatch, cache_bytes, decode_mask, host_read, prefill_mask, unsupported
 
 MODES = ("auto", "eager", "compiled")
@@ -170,9 +171,7 @@ class CompiledSampler:
     def _say_once(self, message: str) -> None:
         if message not in self.said:
             self.said.add(message)
-            from .. import common
-
-            common.say(message)
+            console.say(message)
 
     def bucket(self, net, shape: Shape) -> Bucket | None:
         """The smallest bucket that covers ``shape``, made (and recorded) if there is none;
@@ -206,8 +205,6 @@ class CompiledSampler:
                 f"is free: eager decoding for this shape"
             )
             return None
-        from .sampling import cache_argument
-
         bucket = Bucket(net, shape, cache_argument(net))
         bucket.bytes = need
         if records(shape.device):

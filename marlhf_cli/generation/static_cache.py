@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode_attention import decoding
-from .sampling import cache_argument, draw, filter_logits
+from .attention import decoding
+from .draw import cache_argument, draw, filter_logits, hugging_face_model
 
 # Architectures whose attention layers call ``cache.update`` and take a 4-D additive mask as
 # it is, and whose every layer attends to every earlier token (no sliding window, no
@@ -90,8 +90,6 @@ def host_read(net, shape: "Shape") -> str | None:
     nothing about host reads and pass: a failure while recording is caught anyway
     (compiled_sampling)."""
     import copy
-
-    from ..scoring import hugging_face_model
 
     base = hugging_face_model(net)
     try:
@@ -200,7 +198,7 @@ def decode_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------
 # a bucket: the tensors of one shape and the decoding step that reads and writes only them
-# (the eager sampler's step, marlhf_cli/train/ppo/sampling.py, on tensors that never move)
+# (the eager sampler's step, marlhf_cli/generation/eager.py, on tensors that never move)
 
 
 @dataclass(frozen=True)
@@ -273,7 +271,7 @@ class Bucket:
 
     def decode(self, net) -> None:
         """One token: feed the last one at column ``write_at``, draw the next, move on. The
-        attention reads the cache without copying it per query head (:mod:`.decode_attention`)."""
+        attention reads the cache without copying it per query head (:mod:`.attention`)."""
         with decoding(net.config):
             out = net(
                 input_ids=self.next_input,
@@ -311,3 +309,17 @@ class Bucket:
             return True
         self.decode(net)
         return False
+
+
+def attention_bytes_per_token(config, rows: int, length: int, dtype: torch.dtype, *, grouped: bool) -> int:
+    """Bytes of cache traffic one decoding step's attention moves over all layers, at ``rows``
+    x ``length`` cache columns: ``grouped`` (:func:`.attention.attention`) reads the keys and values once;
+    otherwise ``repeat_kv`` reads them, writes a copy per query head, and attention reads the
+    copies. (The new column's write, the same for both, is left out.)"""
+    layers, kv_heads, head_dim = cache_shape(config)
+    heads = _text_config(config).num_attention_heads
+    size = torch.empty((), dtype=dtype).element_size()
+    per_head = rows * length * head_dim * size * 2  # keys and values of one head
+    if grouped or heads == kv_heads:
+        return layers * kv_heads * per_head
+    return layers * (kv_heads + 2 * heads) * per_head

@@ -16,91 +16,12 @@ depend on the other rows of its batch.
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from ..forward import position_ids_from_mask, unwrap
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 0.8
-    top_k: int = 50
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    generation: str = "eager"  # eager | compiled | auto (--generation; compiled_sampling.resolve)
-    # compiled: the longest prompt + response of the run, so one static cache serves all its calls
-    cache_length: int | None = None
-
-
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float | torch.Tensor, *, nucleus: bool | None = None) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus (top-p) set to -inf. Logits are already /T.
-
-    ``top_p`` may be a tensor (the compiled sampler keeps it in one, so that a new value needs
-    no new recording); ``nucleus`` then says whether the nucleus filter runs (default: top_p < 1)."""
-    if top_k and 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if nucleus is None:
-        nucleus = top_p < 1.0
-    if nucleus:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the tokens ranked above it already hold top_p of the mass
-        before = torch.cumsum(probs, dim=-1) - probs
-        drop_sorted = before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def draw(probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row from ``probs`` (need not sum to 1): the inverse of the cumulative
-    distribution at one uniform draw per row, the first token whose cumulative mass exceeds
-    it. Summed in float64, so it is the categorical draw up to ~1e-12 of probability mass;
-    a token of probability 0 is never drawn. One random number per row, not one per
-    vocabulary entry: ~7x faster than an exponential race and ~7x faster than
-    ``torch.multinomial`` over a 50k vocabulary on a CPU, where the race was half of sampling.
-    ``uniform``: [B] float64 draws in [0, 1) to use instead of the global generator's."""
-    cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
-    if uniform is None:
-        uniform = torch.rand((probs.shape[0],), dtype=torch.float64, device=probs.device)
-    point = uniform.to(device=probs.device, dtype=torch.float64)[:, None] * cumulative[:, -1:]
-    return torch.searchsorted(cumulative, point, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-
-
-def cache_argument(net) -> str:
-    """The forward's name for the KV cache: ``cache`` in transformers releases that renamed it
-    (they warn on ``past_key_values``, and drop it in 5.40), ``past_key_values`` before
-    (5.17 has no ``cache``). A forward that names neither (a wrapper taking ``**kwargs``)
-    gets the name of the installed release's model outputs."""
-    parameters = inspect.signature(net.forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def stops(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> torch.Tensor:
-    """Where ``response_ids`` holds a token that ends a response: EOS, or any of several ids
-    (EOS and a chat template's end-of-turn token, marlhf_cli.chat)."""
-    return torch.isin(response_ids, torch.as_tensor(eos_token_id, device=response_ids.device).reshape(-1))
-
-
-def response_mask(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask, has_eos): mask is 1 for tokens up to and including the first EOS (the first
-    token of ``eos_token_id`` when it lists several).
-
-    A response with no EOS (cut at the length limit) is real to its end.
-    """
-    is_eos = stops(response_ids, eos_token_id)
-    eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
-    return (~eos_before).long(), is_eos.any(dim=1)
+from .compiled import sampler_for
+from .draw import SamplingParams, cache_argument, draw, filter_logits, position_ids_from_mask, stops, unwrap
 
 
 @torch.no_grad()
@@ -121,7 +42,7 @@ def sample(
 
     ``eos_token_id``: the id, or ids, that end a response (under a chat template EOS and the
     template's end-of-turn token). Stops early once every row has produced one. ``model`` must hold whole parameters (under
-    ZeRO-3, sample with :class:`marlhf_cli.train.generation.GenerationModel`'s copy), so
+    ZeRO-3, sample with :class:`marlhf_cli.train.ppo.sampling_copy.GenerationModel`'s copy), so
     sampling runs no collective and each process may stop at its own length.
 
     ``with_logprobs``: also return [B, T] ``log softmax(logits / T)[token]``, the log-prob of
@@ -141,7 +62,7 @@ def sample(
     its KV cache shared by the copies.
 
     ``params.generation`` ``compiled``: the same draws through a static KV cache, each
-    token's step recorded once as a CUDA graph and replayed (:mod:`.compiled_sampling`);
+    token's step recorded once as a CUDA graph and replayed (:mod:`.compiled`);
     where that cannot be had (a model or shape it does not cover, a cache that does not fit)
     this loop samples, and the reason is said once.
     """
@@ -150,8 +71,6 @@ def sample(
     if generation == "auto":  # not resolved at a stage's start (a benchmark, a test): by the device
         generation = "compiled" if prompt_ids.device.type == "cuda" else "eager"
     if generation == "compiled":
-        from .compiled_sampling import sampler_for
-
         compiled = sampler_for(net).sample(
             net, prompt_ids, prompt_mask, params, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
             with_logprobs=with_logprobs, uniforms=uniforms, budgets=budgets, repeats=repeats,

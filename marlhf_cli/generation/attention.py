@@ -8,7 +8,7 @@ every token, and attention then reads the copies. transformers 5.24's ``sdpa`` p
 a single query token instead (``pack_gqa``), but 5.17's (the GPU machine's) copies as soon as
 a mask is given, and the ``eager`` path always copies. At PPO's default 256 rows x 1,024
 columns with SmolLM2-1.7B's shape that is tens of GB moved per token
-(:func:`attention_bytes_per_token`).
+(:func:`.static_cache.attention_bytes_per_token`).
 
 Here, while the compiled sampler runs its decoding step (:func:`decoding`), every attention
 layer of the model calls :func:`attention`: for one query token per row, the query heads are
@@ -81,18 +81,3 @@ def decoding(config):
         text._attn_implementation = own
         _own.reset(token)
 
-
-def attention_bytes_per_token(config, rows: int, length: int, dtype: torch.dtype, *, grouped: bool) -> int:
-    """Bytes of cache traffic one decoding step's attention moves over all layers, at ``rows``
-    x ``length`` cache columns: ``grouped`` (:func:`attention`) reads the keys and values once;
-    otherwise ``repeat_kv`` reads them, writes a copy per query head, and attention reads the
-    copies. (The new column's write, the same for both, is left out.)"""
-    from .static_cache import _text_config, cache_shape
-
-    layers, kv_heads, head_dim = cache_shape(config)
-    heads = _text_config(config).num_attention_heads
-    size = torch.empty((), dtype=dtype).element_size()
-    per_head = rows * length * head_dim * size * 2  # keys and values of one head
-    if grouped or heads == kv_heads:
-        return layers * kv_heads * per_head
-    return layers * (kv_heads + 2 * heads) * per_head
