@@ -53,10 +53,10 @@ def worker(args) -> None:
         max_steps=args.rounds + 1,
     )  # fmt: skip
     common.start(config)
-    ppo.check_options(config)
+    plan = ppo.plan_run(config)
     prompts = common.load_split(config, "ppo", config.max_records, report=False)
-    models = ppo.build_models(config, config.policy, config.reward_model, None)
-    ctx = ppo.make_context(config, models, prompts.records)
+    models = ppo.build_models(config, plan, config.policy, config.reward_model, None)
+    ctx = ppo.make_context(config, plan, models, prompts.records)
     steps = [ppo.ppo_step(ctx, step) for step in range(args.rounds + 1)][1:]  # step 0 warms up
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     trainable = sum(p.numel() for engine in (models.actor, models.critic) if engine is not None for p in engine.module.parameters())

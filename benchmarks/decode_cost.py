@@ -62,14 +62,13 @@ def contexts(args, batches, generations):
     configs = {(p, t, g): config_of(p, t, g) for p, t in batches for g in generations}
     first = next(iter(configs.values()))
     common.start(first)
-    for config in configs.values():
-        ppo.check_options(config)
+    plans = {key: ppo.plan_run(config) for key, config in configs.items()}
     prompts = common.load_split(first, "ppo", first.max_records, report=False)
-    models = ppo.build_models(first, args.model, args.model, None)
+    models = ppo.build_models(first, ppo.plan_run(first), args.model, args.model, None)
     out = {}
     for key, config in configs.items():
         # every context drives the same engines; only the rollout's settings differ
-        out[key] = ppo.make_context(config, models, prompts.records)
+        out[key] = ppo.make_context(config, plans[key], models, prompts.records)
     return out, models, prompts.source
 
 

@@ -71,14 +71,13 @@ def contexts(args, labels):
     configs = {label: H.ppo_config(run_dir, **base, **flags_of(label)) for label in labels}
     first = configs.get("gae") or next(iter(configs.values()))
     common.start(first)
-    for config in configs.values():
-        ppo.check_options(config)
+    plans = {key: ppo.plan_run(config) for key, config in configs.items()}
     prompts = common.load_split(first, "ppo", first.max_records, report=False)
-    models = ppo.build_models(first, args.model, args.model, None)
+    models = ppo.build_models(first, ppo.plan_run(first), args.model, args.model, None)
     without_critic = dataclasses.replace(models, critic=None)
     out = {}
     for label, config in configs.items():
-        out[label] = ppo.make_context(config, models if config.advantage == "gae" else without_critic, prompts.records)
+        out[label] = ppo.make_context(config, plans[label], models if config.advantage == "gae" else without_critic, prompts.records)
     return out, prompts.source
 
 

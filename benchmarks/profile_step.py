@@ -42,9 +42,10 @@ def main() -> None:
     info = vs_trl.prepare(work, args)
     config = vs_trl.marlhf_config(work, args, steps=args.steps + 2)
     common.start(config)
+    plan = ppo.plan_run(config)
     prompts = common.load_split(config, "ppo", config.max_records, report=False)
-    models = ppo.build_models(config, config.policy, config.reward_model, None)
-    ctx = ppo.make_context(config, models, prompts.records)
+    models = ppo.build_models(config, plan, config.policy, config.reward_model, None)
+    ctx = ppo.make_context(config, plan, models, prompts.records)
     print(f"# {info['params'] / 1e6:.1f}M params, batch {vs_trl.SETTINGS['batch']}, {vs_trl.SETTINGS['new_tokens']} new tokens")
     for step in range(2):
         ppo.ppo_step(ctx, step)

@@ -64,10 +64,10 @@ def build_context(config):
     from marlhf_cli.train import common, ppo
 
     common.start(config)
-    ppo.check_options(config)
+    plan = ppo.plan_run(config)
     prompts = common.load_split(config, "ppo", config.max_records, report=False)
-    models = ppo.build_models(config, config.policy, config.reward_model, None)
-    return ppo.make_context(config, models, prompts.records), prompts.source
+    models = ppo.build_models(config, plan, config.policy, config.reward_model, None)
+    return ppo.make_context(config, plan, models, prompts.records), prompts.source
 
 
 def main() -> None:
@@ -85,7 +85,6 @@ def main() -> None:
     H.apply_device_args(args)
     import torch
 
-    from marlhf_cli.train.ppo import credit
     from marlhf_cli.train import ppo
 
     data = dict(dataset="hh", data_file=str(H.HH_HELPFUL)) if H.HH_HELPFUL.is_file() else dict(dataset="hh")
@@ -114,7 +113,7 @@ def main() -> None:
                 if rnd == 0 and not (label == rules[0][0] or termination in ("parsing", "code")):
                     continue
                 config.termination, config.n = termination, n
-                ctx.rule = credit.make_rule(config)
+                ctx.plan = ppo.plan_run(config)
                 ctx.executor = pool if how == "pool" else None
                 if args.device == "cuda":
                     torch.cuda.reset_peak_memory_stats()

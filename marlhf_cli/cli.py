@@ -186,8 +186,7 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
     if x_axis is not None:
         raise UserError("--x-axis goes with --compare (the axis of its eval curves)")
     given = [flag_name(field) for field in flags.ESTIMATOR_FIELDS if shared[field] is not None]
-    stage.settings.check_critic_free_flags(config, given)
-    stage.run(config)
+    stage.run(config, given_flags=given)
 
 
 @app.command(cls=GroupedHelp)

@@ -265,25 +265,31 @@ def _config(tmp_path, **flags):
     return config_module.resolve("ppo", flags={**base, **flags})
 
 
+def _check_flags(config, flags):
+    from marlhf_cli.train.ppo import settings
+
+    settings.plan_run(config, given_flags=flags)
+
+
 def test_names_options_and_errors(tmp_path):
     from marlhf_cli.train import ppo
 
     assert ppo.run_name(_config(tmp_path, advantage="rloo")) == "rloo"
     assert ppo.run_name(_config(tmp_path, advantage="grpo", samples_per_prompt=8, mini_batch_size=8)) == "grpo-k8"
-    assert ppo.run_name(_config(tmp_path, termination="fixed", n=1)) == "vanilla"
-    assert ppo.responses_per_step(_config(tmp_path, advantage="rloo")) == 8
-    ppo.check_options(_config(tmp_path, advantage="grpo", termination="parsing"))  # a preset's rule: no error
+    assert ppo.run_name(_config(tmp_path, termination="fixed", n=1, mini_batch_size=2)) == "vanilla"
+    assert ppo.plan_run(_config(tmp_path, advantage="rloo")).responses_per_step == 8
+    ppo.plan_run(_config(tmp_path, advantage="grpo", termination="parsing"))  # a preset's rule: no error
     with pytest.raises(UserError, match="at least 2"):
-        ppo.check_options(_config(tmp_path, advantage="rloo", samples_per_prompt=1))
+        ppo.plan_run(_config(tmp_path, advantage="rloo", samples_per_prompt=1))
     with pytest.raises(UserError, match="--advantage must be one of gae, rloo, grpo"):
-        ppo.check_options(_config(tmp_path, advantage="ppo"))
+        ppo.plan_run(_config(tmp_path, advantage="ppo"))
     with pytest.raises(UserError, match="multiple of --mini-batch-size 3"):
-        ppo.check_options(_config(tmp_path, advantage="rloo", mini_batch_size=3))
+        ppo.plan_run(_config(tmp_path, advantage="rloo", mini_batch_size=3))
     with pytest.raises(UserError, match="--termination, --value-function do not apply"):
-        ppo.settings.check_critic_free_flags(_config(tmp_path, advantage="rloo"), ["--termination", "--value-function"])
+        _check_flags(_config(tmp_path, advantage="rloo"), ["--termination", "--value-function"])
     with pytest.raises(UserError, match="--termination does not apply"):  # one flag: 'does'
-        ppo.settings.check_critic_free_flags(_config(tmp_path, advantage="rloo"), ["--termination"])
-    ppo.settings.check_critic_free_flags(_config(tmp_path), ["--termination"])  # gae: fine
+        _check_flags(_config(tmp_path, advantage="rloo"), ["--termination"])
+    _check_flags(_config(tmp_path, mini_batch_size=2), ["--termination"])  # gae: fine
 
 
 @pytest.mark.slow

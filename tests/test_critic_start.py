@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from marlhf_cli.errors import UserError
 from marlhf_cli.train.ppo import critic_fit, value_head
+from marlhf_cli.train.ppo.settings import plan_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -202,8 +203,8 @@ def _build(config):
     reward = TokenFractionReward(torch.arange(100, 5000), eos_token_id=2, name="ids")
     from marlhf_cli.train import common
 
-    models = build_models(config, config.policy, config.reward_model, reward)
-    return make_context(config, models, common.load_split(config, "ppo", None, report=False).records)
+    models = build_models(config, plan_run(config), config.policy, config.reward_model, reward)
+    return make_context(config, plan_run(config), models, common.load_split(config, "ppo", None, report=False).records)
 
 
 def _weights(engine) -> list[torch.Tensor]:
@@ -242,7 +243,7 @@ def test_a_critic_without_a_trained_head_starts_at_exactly_zero(tmp_path, saved_
 
         config_file.write_text(json.dumps({**json.loads(config_file.read_text()), STD_KEY: 2.0}))
     config = _config(tmp_path / "units", reward_model=str(scored))
-    models = build_models(config, config.policy, config.reward_model, None)
+    models = build_models(config, plan_run(config), config.policy, config.reward_model, None)
     assert models.value_head == "reward-model" and models.value_head_scale == 0.5
     assert torch.equal(models.critic.module.model.score.weight, saved_models["rm_head"] / 2)
     assert torch.equal(models.reward.model.score.weight, saved_models["rm_head"])  # the reward's own copy untouched
@@ -335,10 +336,10 @@ def test_a_zero_head_does_not_start_the_critic_as_noise(tmp_path, seed):
 
 
 def test_warm_up_options_are_checked_in_one_line(tmp_path):
-    from marlhf_cli.train.ppo.settings import check_options
+    from marlhf_cli.train.ppo.settings import plan_run
 
     with pytest.raises(UserError, match=r"--critic-warmup-steps 4 leaves no step that trains the actor"):
-        check_options(_config(tmp_path, critic_warmup_steps=4))
+        plan_run(_config(tmp_path, critic_warmup_steps=4))
 
 
 @pytest.mark.slow

@@ -137,3 +137,20 @@ def test_the_sampler_sits_below_the_stages():
     reaching = {m: sorted(t for t in targets if t.startswith("marlhf_cli.train.ppo") and t != "marlhf_cli.train.ppo.rewards")
                 for m, targets in graph.items() if not m.startswith("marlhf_cli.train.ppo") and m != "marlhf_cli.cli"}  # fmt: skip
     assert not any(reaching.values()), f"these reach into train/ppo: {reaching}"
+
+
+def test_ppo_resolves_what_a_run_is_once():
+    """The estimator, the termination rule and K are read from the raw options in one place,
+    settings.plan_run, into the RunPlan every part of the stage reads (before, run() went back
+    and forth between settings.py and estimators.py, recomputing them at each stop)."""
+    derivations = re.compile(r"make_rule\(|ESTIMATORS\[|\.samples_per_prompt\b|estimator_of\(|group_size\(config")
+    places = sorted(
+        f"{p.relative_to(PACKAGE)}:{number}" for p in _modules()
+        for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if derivations.search(line) and not line.lstrip().startswith(("def ", "#", "ESTIMATORS[name] ="))  # registering
+    )  # fmt: skip
+    settings = (PACKAGE / "train" / "ppo" / "settings.py").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(settings, 1) if line.startswith("def plan_run("))
+    end = next(i for i, line in enumerate(settings, 1) if i > start and line.startswith("def "))
+    outside = [p for p in places if not (p.startswith("train/ppo/settings.py:") and start < int(p.rsplit(":", 1)[1]) < end)]
+    assert places and not outside, f"derived outside settings.plan_run: {outside}"

@@ -136,7 +136,7 @@ def test_ppo_reference_and_reward_are_the_bases_and_only_adapters_train(tmp_path
 
     config = config_module.resolve("ppo", flags={**SMALL, "run_dir": str(tmp_path)})
     eng.init_distributed()
-    models = ppo.build_models(config, "tiny", "tiny", None)
+    models = ppo.build_models(config, ppo.plan_run(config), "tiny", "tiny", None)
     assert isinstance(models.reference, lora.WithoutAdapter)  # no second copy of the policy
     assert isinstance(models.reward, ppo.models.BaseModelReward)  # ... nor of the reward model
     assert models.reward.model.module is models.critic.module.model
@@ -181,7 +181,7 @@ def test_ppo_reference_and_reward_are_the_bases_and_only_adapters_train(tmp_path
     assert any("score.modules_to_save." in n for n in trained_critic)  # the critic's head trains whole
 
     records = [{"prompt": f"prompt number {i}"} for i in range(8)]
-    ctx = ppo.make_context(config, models, records)
+    ctx = ppo.make_context(config, ppo.plan_run(config), models, records)
     ppo.ppo_step(ctx, 0)
 
     # the actor and the critic moved; the reference and the reward did not

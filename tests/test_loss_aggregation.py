@@ -201,7 +201,7 @@ def test_grpo_update_aggregates_as_asked(how):
 
 def test_run_name_and_start_up_line_say_the_aggregation(tmp_path):
     from marlhf_cli import config as config_module
-    from marlhf_cli.train.ppo import credit, settings
+    from marlhf_cli.train.ppo import settings
 
     def resolved(**flags):
         return config_module.resolve("ppo", flags={"run_dir": str(tmp_path), **flags})
@@ -211,6 +211,6 @@ def test_run_name_and_start_up_line_say_the_aggregation(tmp_path):
     assert settings.run_name(resolved(advantage="rloo", loss_aggregation="token-sum", samples_per_prompt=8)) == "rloo-token-sum-k8"
     assert settings.run_name(resolved(loss_aggregation="token-sum")) == "fixed5-token-sum"
     config = resolved(advantage="grpo", loss_aggregation="token-sum")
-    assert "token-sum loss" in settings.describe(config, None)
+    assert "token-sum loss" in settings.plan_run(config).describe(config)
     default = resolved()
-    assert "loss" not in settings.describe(default, credit.make_rule(default))
+    assert "loss" not in settings.plan_run(default).describe(default)

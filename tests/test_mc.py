@@ -51,19 +51,25 @@ def test_the_registry_holds_every_estimator_and_the_option_lists_agree():
         estimators.register("mc", **{f: None for f in ("critic", "segments", "kl_in_loss", "group_size", "reads", "describe", "what_it_is")})(print)
 
 
+def _check_flags(config, flags):
+    from marlhf_cli.train.ppo import settings
+
+    settings.plan_run(config, given_flags=flags)
+
+
 def test_flags_an_estimator_does_not_read_are_one_line_errors(tmp_path):
     from marlhf_cli.train.ppo import settings
 
     mc = _config(tmp_path)
-    settings.check_critic_free_flags(mc, ["--termination", "--n", "--cutoff", "--mc-rollouts", "--mc-max-boundaries"])
+    settings.plan_run(mc, given_flags=["--termination", "--n", "--cutoff", "--mc-rollouts", "--mc-max-boundaries"])
     with pytest.raises(UserError, match=r"--advantage mc trains no critic: --value-function, --critic-lr do not apply \(drop them, or use --advantage gae\)"):
-        settings.check_critic_free_flags(mc, ["--n", "--value-function", "--critic-lr"])
+        settings.plan_run(mc, given_flags=["--n", "--value-function", "--critic-lr"])
     for advantage in ("gae", "rloo"):
         with pytest.raises(UserError, match=r"--mc-rollouts does not apply \(drop it, or use --advantage mc\)"):
-            settings.check_critic_free_flags(_config(tmp_path, advantage=advantage, samples_per_prompt=None), ["--mc-rollouts"])
+            _check_flags(_config(tmp_path, advantage=advantage, samples_per_prompt=None), ["--mc-rollouts"])
     # rloo and grpo say what they said before
     with pytest.raises(UserError, match="--advantage grpo trains no critic and assigns credit per response: --termination does not apply"):
-        settings.check_critic_free_flags(_config(tmp_path, advantage="grpo"), ["--termination"])
+        _check_flags(_config(tmp_path, advantage="grpo"), ["--termination"])
 
 
 def test_names_options_and_start_up_line(tmp_path):
@@ -73,11 +79,11 @@ def test_names_options_and_start_up_line(tmp_path):
     assert ppo.run_name(_config(tmp_path, termination="ppl", mc_rollouts=4, mc_max_boundaries=3)) == "mc-ppl-m4-b3-k2"
     assert ppo.run_name(_config(tmp_path, termination="fixed", n=1, ratio="macro")) == "mc-fixed1-macro-ratio-k2"
     config = _config(tmp_path, termination="fixed", n=8, mc_max_boundaries=2)
-    line = ppo.settings.describe(config, ppo.credit.make_rule(config))
+    line = ppo.plan_run(config).describe(config)
     assert "fixed n=8, at most 2 boundaries per response" in line and "2 continuations per boundary" in line
     assert "KL loss k3 x 0.05" in line
     with pytest.raises(UserError, match="at least 2"):
-        ppo.check_options(_config(tmp_path, samples_per_prompt=1))
+        ppo.plan_run(_config(tmp_path, samples_per_prompt=1))
     with pytest.raises(UserError, match="--mc-rollouts must be 1 or more"):
         _config(tmp_path, mc_rollouts=0)
 
@@ -237,11 +243,13 @@ def test_a_continuation_without_eos_gets_the_missing_eos_penalty_like_a_response
     assert ((got.scores >= -10.0) & (got.scores <= -9.5)).all()
 
 
-def _inputs(models, config, reward, rule, rollout, step=0, numbers=None):
+def _inputs(models, config, reward, rollout, step=0, numbers=None):
     from marlhf_cli.train.ppo.estimators import CreditInputs
+    from marlhf_cli.train.ppo.settings import plan_run
 
     models_ns = SimpleNamespace(tokenizer=models["tokenizer"], reward=reward, sampler=None)
-    ctx = SimpleNamespace(config=config, models=models_ns, rule=rule, rollout=rollout, executor=None)
+    plan = plan_run(config)
+    ctx = SimpleNamespace(config=config, plan=plan, models=models_ns, rule=plan.rule, rollout=rollout, executor=None)
     return CreditInputs(ctx, step, numbers or list(range(4)), models["actor"], None)
 
 
@@ -254,7 +262,7 @@ def test_mc_with_one_segment_is_rloo_of_the_score_and_samples_nothing(models, tm
 
     config = _config(tmp_path, termination="fixed", n="inf")
     exp, settings = _rollout(models, RecordingReward(), kl_coef=0.1)
-    ESTIMATORS["mc"].assign(exp, _inputs(models, config, RecordingReward(), credit.make_rule(config), settings))
+    ESTIMATORS["mc"].assign(exp, _inputs(models, config, RecordingReward(), settings))
     assert exp.continuations == 0 and exp.continuation_tokens == 0 and exp.returns is None
     assert torch.equal(exp.advantages, sequence_to_tokens(rloo_advantages(exp.scores, 2), exp.mask))
     kl_in_reward = exp.advantages.clone()
@@ -273,7 +281,7 @@ def test_mc_on_a_rollout_matches_the_definition(models, tmp_path):
     exp, settings = _rollout(models, RecordingReward())
     reward = RecordingReward()
     numbers = [40, 41, 42, 43]
-    ESTIMATORS["mc"].assign(exp, _inputs(models, config, reward, credit.make_rule(config), settings, step=5, numbers=numbers))
+    ESTIMATORS["mc"].assign(exp, _inputs(models, config, reward, settings, step=5, numbers=numbers))
     lengths = exp.mask.sum(1).tolist()
     assert exp.segment_stats.segments == sum(min(math.ceil(n / 3), 3) for n in lengths)
     plan = boundary_plan(exp.segment_ids, exp.mask)
@@ -318,12 +326,12 @@ def test_a_new_estimator_is_one_registered_function(tmp_path, monkeypatch):
         describe=lambda config, rule, k: "zero advantages"))  # fmt: skip
     config = _config(tmp_path, advantage="rloo")
     config.advantage = "zero"
-    models = ppo.build_models(config, "tiny", "tiny", None)
+    models = ppo.build_models(config, ppo.plan_run(config), "tiny", "tiny", None)
     assert models.critic is None
-    ctx = ppo.make_context(config, models, [{"prompt": f"prompt {i}"} for i in range(4)])
+    ctx = ppo.make_context(config, ppo.plan_run(config), models, [{"prompt": f"prompt {i}"} for i in range(4)])
     metrics = ppo.ppo_step(ctx, 3)
     assert seen == {"step": 3} and metrics["advantage"] == 0 and "kl_loss" in metrics
-    assert ppo.settings.describe(config, ctx.rule) == "zero advantages"
+    assert ctx.plan.describe(config) == "zero advantages"
 
 
 # ---------------------------------------------------------------------------------------

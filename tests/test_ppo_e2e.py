@@ -163,11 +163,11 @@ def test_zero3_samples_with_a_whole_copy_kept_in_step_with_the_actor(tmp_path):
 
     config = small_config(tmp_path, zero_stage=3, max_steps=1, eval_prompts=0)
     eng.init_distributed()
-    models = ppo.build_models(config, "tiny", "tiny", None)
+    models = ppo.build_models(config, ppo.plan_run(config), "tiny", "tiny", None)
     assert models.sampler.copy is not None
     records = [{"prompt": f"prompt number {i}"} for i in range(8)]
     ctx = ppo.Context(
-        config=config, models=models, rule=ppo.credit.make_rule(config),
+        config=config, plan=ppo.plan_run(config), models=models,
         schedule=ppo.context.PromptSchedule(records, 4, 0),
         rollout=ppo.experience.RolloutSettings.from_config(config, forward_batch_size=2),
         update=ppo.update.UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=config.temperature),

@@ -49,7 +49,7 @@ loads no torch.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -73,55 +73,45 @@ from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
 from .rewards import RewardFn
-from .settings import (
-    STAGE,
-    check_options,
-    describe,
-    fingerprint,
-    group_size,
-    is_critic_free,
-    make_rewards,
-    model_sources,
-    responses_per_step,
-    run_name,
-)
+from .settings import STAGE, RunPlan, fingerprint, make_rewards, model_sources, plan_run, run_name
 from .update import ppo_update
 
 
-def run(config, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
+def run(config, *, reward_fn: RewardFn | None = None, given_flags: Sequence[str] = ()) -> dict[str, Any]:
     """Train with PPO / MA-PPO and write the run's outputs; returns the final metrics.
 
     ``reward_fn`` replaces the reward named by ``--reward`` as the source of scores (tests use
     a synthetic reward); the critic still starts from ``--reward-model`` (default: rm/, or the
-    policy with the APPS reward).
+    policy with the APPS reward). ``given_flags``: the estimator-specific flags typed on the
+    command line (one the estimator does not read is an error: settings.plan_run).
     """
     # inputs: the policy (actor and reference), the critic's and the reward's source, prompts
     common.start(config)
-    check_options(config)
+    plan = plan_run(config, given_flags)  # what the run is: estimator, rule, K, name; all below read it
     # resolved before anything is fingerprinted (as --dtype auto is), so a resume compares it
     config.generation, generation_why = compiled.resolve(config.generation)
     run_dir = RunDir(config.run_dir)
-    name = run_name(config)
+    name = plan.name
     policy, reward_model = model_sources(config, run_dir)
     for model in dict.fromkeys((policy, reward_model)):  # before any weight loads
         check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
                       response_flag="--max-new-tokens")  # fmt: skip
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     root = checkpoint_root(run_dir, name)
-    expected = {**fingerprint(config, name, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
+    expected = {**fingerprint(config, plan, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}
     extension = None  # or a finished run made longer: its exports are the start (train/extending.py)
     if config.resume:  # before any model loads: nothing to resume, or a changed option, is one line
-        extension = check_resumable(root, expected, config, critic=not is_critic_free(config))
+        extension = check_resumable(root, expected, config, critic=plan.critic)
     held_out = held_out_prompts(config)
     common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
     rewards = [("reward", reward_fn)] if reward_fn is not None else make_rewards(config)
     for _, reward in rewards:
         if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
             reward.check_records(prompts.records + held_out, f"the records of {prompts.source}")
-    models = build_models(config, policy, reward_model, reward_fn if reward_fn is not None else rewards, extension)
+    models = build_models(config, plan, policy, reward_model, reward_fn if reward_fn is not None else rewards, extension)
     compiled.announce(config, generation_why, models.sampler.module, device=models.device, say=common.say,
-                               rows=responses_per_step(config) // eng.world_size())  # fmt: skip
-    ctx = make_context(config, models, prompts.records)
+                               rows=plan.responses_per_step // eng.world_size())  # fmt: skip
+    ctx = make_context(config, plan, models, prompts.records)
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
     start = _resume_or_start_fresh(ctx, run_dir, name, root, expected, extension)
     inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)
@@ -195,7 +185,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     torch.manual_seed(derived_seed(config.seed, step, rank, "rollout"))
 
     # 1. a batch of prompts, each repeated K times (a group; K = 1 for PPO / MA-PPO)
-    records, sample_numbers = ctx.schedule.for_rank(step, rank, processes, group_size(config))
+    records, sample_numbers = ctx.schedule.for_rank(step, rank, processes, ctx.plan.group_size)
 
     # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
     # with a --parse-workers pool starts parsing as soon as the responses exist, so the
@@ -289,13 +279,14 @@ def _resume_or_start_fresh(ctx: Context, run_dir: RunDir, name: str, root, expec
 def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: str, reward_model: str, prompts, eval_prompts: int, start: int) -> dict:
     """The start-up lines, and run.json's entry marked running; returns the run's inputs."""
     config, models = ctx.config, ctx.models
-    what_runs = describe(config, ctx.rule)
+    plan = ctx.plan
+    what_runs = plan.describe(config)
     common.say(f"ppo '{name}': {what_runs}")
     if note := ctx.chat.note(ctx.schedule.records):  # plain-text data needs no word
         common.say(note)
-    k = group_size(config)
+    k = plan.group_size
     per_step = (
-        f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(responses_per_step(config), 'response')}" if k > 1
+        f"{count(config.rollout_batch_size, 'prompt')} x {k} = {count(plan.responses_per_step, 'response')}" if k > 1
         else count(config.rollout_batch_size, "response")
     )  # fmt: skip
     critic = "" if ctx.critic_free else ", " + (
@@ -308,12 +299,12 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
         + (f", resuming at step {start}" if start else "")
     )
     if ctx.estimator.name == "mc":  # its cost is the continuations: say how many a step may sample
-        common.say(mc_cost(config, ctx.rule, responses_per_step(config)))
+        common.say(mc_cost(config, plan.rule, plan.responses_per_step))
     inputs = {
         "policy": policy, "reward_model": reward_model, "reward": models.reward.name, "dataset": config.dataset,
         "data_file": config.data_file, "source": prompts.source, "prompts": len(prompts.records),
         "eval_prompts": eval_prompts, "processes": eng.world_size(), "credit_assignment": what_runs,
-        "responses_per_step": responses_per_step(config), "chat_template": ctx.chat.example(ctx.schedule.records),
+        "responses_per_step": plan.responses_per_step, "chat_template": ctx.chat.example(ctx.schedule.records),
     }  # fmt: skip
     common.record(run_dir, stage_key, config, inputs, None, status="running")
     return inputs

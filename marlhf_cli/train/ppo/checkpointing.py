@@ -62,10 +62,10 @@ def extend(ctx: Any, root: Path, expected: dict, extension: extending.Extension,
     found = latest_common(root, critic=ctx.models.critic is not None)
     for note in checkpoints.check_fingerprint(found[0], expected, ctx.config, lengthen=True):
         common.say(note)
-    done = optimizer_steps(ctx.config, "actor", extension.finished)  # none in the critic's warm-up
+    done = optimizer_steps(ctx.config, ctx.plan, "actor", extension.finished)  # none in the critic's warm-up
     rate = extending.continue_schedule(ctx.models.actor, done)
     if ctx.models.critic is not None:
-        extending.continue_schedule(ctx.models.critic, optimizer_steps(ctx.config, "critic", extension.finished))
+        extending.continue_schedule(ctx.models.critic, optimizer_steps(ctx.config, ctx.plan, "critic", extension.finished))
     common.say(extending.line(f"ppo/{name}", extension, ctx.config, rate=rate, lr=ctx.config.actor_lr, done=done))
     return extension.finished
 

@@ -11,11 +11,10 @@ from ...chat import ChatFormat
 from ...errors import UserError
 from ...wording import count
 from .. import loop
-from . import credit
-from .estimators import Estimator, estimator_of
+from .estimators import Estimator
 from .experience import RolloutSettings
 from .models import Models
-from .settings import micro_batch
+from .settings import RunPlan, micro_batch
 from .update import UpdateSettings
 
 
@@ -53,8 +52,8 @@ class Context:
     """Everything a step needs, built once."""
 
     config: Any
+    plan: RunPlan  # the estimator, the rule, K and the name, resolved once (settings.plan_run)
     models: Models
-    rule: Any
     schedule: PromptSchedule
     rollout: RolloutSettings
     update: UpdateSettings
@@ -73,23 +72,28 @@ class Context:
     @property
     def estimator(self) -> Estimator:
         """The --advantage estimator's registry entry (:mod:`.estimators`)."""
-        return estimator_of(self.config)
+        return self.plan.estimator
+
+    @property
+    def rule(self):
+        """The termination rule that cuts responses into macro actions."""
+        return self.plan.rule
 
     @property
     def critic_free(self) -> bool:
-        return not self.estimator.critic
+        return not self.plan.critic
 
 
-def make_context(config, models: Models, records: Sequence[dict]) -> Context:
-    """The step's settings from the config (also what the benchmarks build)."""
+def make_context(config, plan: RunPlan, models: Models, records: Sequence[dict]) -> Context:
+    """The step's settings from the config and its plan (also what the benchmarks build)."""
     micro = micro_batch(config)
     # GRPO and mc put the KL to the reference in the loss (beta * k3), not in the reward
-    kl_in_loss = estimator_of(config).kl_in_loss
+    kl_in_loss = plan.estimator.kl_in_loss
     # a chat template's end-of-turn token ends a response as EOS does
     chat = ChatFormat(models.tokenizer, config.chat_template)
     rollout = RolloutSettings.from_config(config, forward_batch_size=micro, stop_token_ids=chat.stop_ids)
     return Context(
-        config=config, models=models, rule=credit.make_rule(config), chat=chat,
+        config=config, plan=plan, models=models, chat=chat,
         schedule=PromptSchedule(records, config.rollout_batch_size, config.seed),
         rollout=dataclasses.replace(rollout, kl_coef=0.0) if kl_in_loss else rollout,
         update=UpdateSettings(

@@ -49,7 +49,7 @@ class CreditInputs:
 AssignFn = Callable[["Experience", CreditInputs], None]
 
 # options that only some estimators read; a run given one its estimator does not read on the
-# command line stops with a one-line error (settings.check_estimator_flags)
+# command line stops with a one-line error (settings.plan_run)
 RULE_OPTIONS = ("termination", "n", "cutoff")
 CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range", "value_head_init", "critic_warmup_steps")
 MC_OPTIONS = ("mc_rollouts", "mc_max_boundaries")
@@ -81,14 +81,6 @@ def register(name: str, **entry: Any) -> Callable[[AssignFn], AssignFn]:
         return assign
 
     return add
-
-
-def estimator_of(config) -> Estimator:
-    """The entry of ``--advantage`` (checked against the registry's names when resolved)."""
-    try:
-        return ESTIMATORS[config.advantage]
-    except KeyError:
-        raise ValueError(f"no advantage estimator called {config.advantage!r}; choose one of {', '.join(ESTIMATORS)}") from None
 
 
 def _ratio(config, unit: str) -> str:
@@ -128,7 +120,7 @@ _GROUP = "termination rules and value functions do not apply"
 def rloo(experience, inputs: CreditInputs) -> None:
     """One advantage per response: its KL-penalised reward minus the group's others' mean."""
     config = inputs.ctx.config
-    credit.assign_group_credit(experience, "rloo", group_size(config), whiten_advantages=config.whiten_advantages)
+    credit.assign_group_credit(experience, "rloo", inputs.ctx.plan.group_size, whiten_advantages=config.whiten_advantages)
 
 
 @register(
@@ -140,7 +132,7 @@ def rloo(experience, inputs: CreditInputs) -> None:
 def grpo(experience, inputs: CreditInputs) -> None:
     """One advantage per response: its score normalised within the group."""
     config = inputs.ctx.config
-    credit.assign_group_credit(experience, "grpo", group_size(config), whiten_advantages=config.whiten_advantages)
+    credit.assign_group_credit(experience, "grpo", inputs.ctx.plan.group_size, whiten_advantages=config.whiten_advantages)
 
 
 def _describe_mc(config, rule: TerminationRule, k: int) -> str:
@@ -199,7 +191,7 @@ def mc(experience, inputs: CreditInputs) -> None:
         inputs.sampler if inputs.sampler is not None else models.sampler.model(), models.tokenizer, models.reward,
         experience, plan, ctx.rollout, rollouts=rollouts, seeds=seeds, rows_per_batch=experience.batch_size * rollouts,
     )  # fmt: skip
-    advantages = mc_advantages(experience.scores, group_size(config), continuations.scores, plan, segment_ids, mask)
+    advantages = mc_advantages(experience.scores, ctx.plan.group_size, continuations.scores, plan, segment_ids, mask)
     advantages = advantages.to(device=mask.device, dtype=experience.rewards.dtype)
     if config.whiten_advantages:
         advantages = credit.whiten(advantages, mask)
@@ -210,11 +202,3 @@ def mc(experience, inputs: CreditInputs) -> None:
     experience.continuations = len(plan) * rollouts
     experience.continuation_tokens = continuations.tokens
     experience.continuation_seconds = continuations.seconds
-
-
-def group_size(config) -> int:
-    """K, the responses sampled per prompt (``--samples-per-prompt``, or the estimator's default)."""
-    if config.samples_per_prompt is not None:
-        return config.samples_per_prompt
-    return estimator_of(config).group_size
-

@@ -14,7 +14,7 @@ from ..forward import TokenValues, disable_dropout
 from . import value_head
 from .sampling_copy import GenerationModel
 from .rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
-from .settings import is_critic_free, make_rewards, micro_batch, optimizer_steps, reward_specs, reward_weights, run_name
+from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps, reward_specs, reward_weights
 
 
 @dataclass
@@ -35,7 +35,10 @@ class Models:
     value_head_scale: float = 1.0  # a reward-model head's factor to the reward's units
 
 
-def build_models(config, policy: str, reward_model: str, rewards: RewardFn | list | None, extension: extending.Extension | None = None) -> Models:
+def build_models(
+    config, plan: RunPlan, policy: str, reward_model: str, rewards: RewardFn | list | None,
+    extension: extending.Extension | None = None,
+) -> Models:  # fmt: skip
     """Actor and critic engines (no critic for rloo/grpo), the frozen reference, the reward,
     and the tokenizer.
 
@@ -63,7 +66,7 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
     actor_model = load_causal_lm(actor_start if whole_start else policy, dtype=dtype)
     reference = None if adapted else load_causal_lm(policy, dtype=dtype)
     critic_model, head, scale = None, None, 1.0
-    if not is_critic_free(config):
+    if plan.critic:
         critic_model, trained = load_score_model(critic_start if whole_start else reward_model, dtype=dtype)
         if extension is None:  # an extension's critic goes on from the finished run's
             head = value_head.resolve(config.value_head_init, trained, reward_model)
@@ -81,23 +84,23 @@ def build_models(config, policy: str, reward_model: str, rewards: RewardFn | lis
         if extension:
             extending.start_adapters(actor_model, actor_start)
         common.say("actor: " + lora.trainable_summary(actor_model))
-        saves["actor_save"] = lora.merged_saver(lambda: load_causal_lm(policy, dtype=dtype), stage=f"ppo/{run_name(config)} actor")
+        saves["actor_save"] = lora.merged_saver(lambda: load_causal_lm(policy, dtype=dtype), stage=f"ppo/{plan.name} actor")
         if critic_model is not None:
             critic_model = lora.add_adapters(critic_model, config, task="score", base=reward_model)
             if extension:
                 extending.start_adapters(critic_model, critic_start)
             common.say("critic: " + lora.trainable_summary(critic_model))
-            saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{run_name(config)} critic")
+            saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{plan.name} critic")
     if head is not None:  # after LoRA: only the critic's trained copy of the head, not the reward's
         value_head.start(critic_model, head, trained=trained, seed=config.seed, scale=scale)
     actor = eng.build_engine(
-        actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=optimizer_steps(config, "actor")
+        actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=optimizer_steps(config, plan, "actor")
     )
     critic = None
     if critic_model is not None:
         critic = eng.build_engine(
             TokenValues(critic_model), config, lr=config.critic_lr, batch_size=config.mini_batch_size,
-            total_steps=optimizer_steps(config, "critic"),
+            total_steps=optimizer_steps(config, plan, "critic"),
         )
     device = actor.device
     if adapted:

@@ -1,13 +1,15 @@
-"""What a PPO run is, read from its config: name, estimator, group size, inputs, option checks.
-
-Pure functions of the config (and the run directory), shared by the stage, its checkpoints and
-the benchmarks; nothing here loads a model.
+"""What a PPO run is, read from its config once: :func:`plan_run` resolves the estimator, the
+termination rule, the group size and the name into a :class:`RunPlan` (checking the
+combinations of options on the way), and every part of the stage reads that plan; nothing
+derives them again from the raw options. Also the run's inputs (models, rewards) and its
+fingerprint. Pure functions of the config (and the run directory); nothing here loads a model.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ... import engine as eng
@@ -15,29 +17,72 @@ from ...accepts import reward_list
 from ...accepts import reward_weights as checked_weights
 from ...artifacts import RunDir
 from ...errors import UserError
+from ...macro import TerminationRule
 from ...macro.segmentation import missing_parser
 from ...wording import count
 from . import credit
-from .estimators import ESTIMATORS, estimator_of, group_size
+from .estimators import ESTIMATORS, Estimator
 from .rewards import RewardFn
 
 STAGE = "ppo"
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """What a PPO run is, resolved once from its options before anything loads."""
+
+    name: str  # --name, or one from the credit assignment (vanilla, fixed5, ppl, grpo-k8, ...)
+    estimator: Estimator  # --advantage's registry entry
+    rule: TerminationRule  # --termination, --n, --cutoff (read only where estimator.segments)
+    group_size: int  # K responses per prompt: --samples-per-prompt, or the estimator's default
+    responses_per_step: int  # over all processes: --rollout-batch-size x K
+
+    @property
+    def critic(self) -> bool:
+        """gae builds, trains, checkpoints and exports a critic; rloo, grpo and mc do not (their
+        baseline comes from the group, mc's values from sampling)."""
+        return self.estimator.critic
+
+    def describe(self, config) -> str:
+        """The start-up line's account of what this run does (also run.json's credit_assignment)."""
+        return self.estimator.describe(config, self.rule, self.group_size)
+
+
+def plan_run(config, given_flags: Sequence[str] = ()) -> RunPlan:
+    """The :class:`RunPlan` of ``config``, after the checks of option combinations the stage
+    cannot run with (one-line errors; each value on its own was checked when the options were
+    resolved: config.ACCEPTS). ``given_flags``: the estimator-specific flags typed on the
+    command line, checked first (:func:`_check_flags_apply`)."""
+    if config.advantage not in ESTIMATORS:
+        raise UserError(f"no advantage estimator called {config.advantage!r}; choose one of {', '.join(ESTIMATORS)}")
+    estimator = ESTIMATORS[config.advantage]
+    _check_flags_apply(config, estimator, given_flags)
+    try:
+        rule = credit.make_rule(config)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    k = estimator.group_size if config.samples_per_prompt is None else config.samples_per_prompt
+    plan = RunPlan(_name(config, estimator, rule, k), estimator, rule, k, config.rollout_batch_size * k)
+    _check_combinations(config, plan)
+    return plan
+
+
 def run_name(config) -> str:
+    """The name of the run ``config`` describes (:attr:`RunPlan.name`; tests and benchmarks)."""
+    return plan_run(config).name
+
+
+def _name(config, estimator: Estimator, rule: TerminationRule, k: int) -> str:
     """``--name``, or one derived from the credit assignment (vanilla, fixed5, ppl, ...)."""
     if config.name:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.name):
             raise UserError(f"--name '{config.name}': use letters, digits, '.', '_' and '-' only")
         return config.name
-    k = group_size(config)
-    estimator = estimator_of(config)
     suffix = "" if config.loss_aggregation == "token-mean" else f"-{config.loss_aggregation}"
     suffix += "" if k == estimator.group_size else f"-k{k}"
     ratio = "" if config.ratio == "token" else f"-{config.ratio}-ratio"
     if not estimator.segments:
         return config.advantage + ratio + suffix
-    rule = credit.make_rule(config)
     name = f"fixed{'-inf' if math.isinf(rule.n) else int(rule.n)}" if rule.name == "fixed" else rule.name
     if estimator.name == "mc":  # mc-<rule>[-m<M>][-b<B>]: M and B set the cost
         name = f"mc-{name}"
@@ -63,18 +108,11 @@ def _cap_binds(config, rule) -> bool:
     return True
 
 
-def is_critic_free(config) -> bool:
-    """rloo, grpo, mc: the baseline comes from the group (and mc's values from sampling);
-    there is no critic."""
-    return not estimator_of(config).critic
-
-
-def check_critic_free_flags(config, given_flags: Sequence[str]) -> None:
+def _check_flags_apply(config, estimator: Estimator, given_flags: Sequence[str]) -> None:
     """Estimator-specific flags given on the command line to an estimator that does not read
     them (critic or macro-action flags with rloo/grpo, critic flags with mc, mc's flags with
     the others) are a user error: they could only be silently ignored. Values from a preset or
     a config file simply do not apply, and the start-up line says what runs."""
-    estimator = estimator_of(config)
     ignored = [flag for flag in given_flags if flag[2:].replace("-", "_") not in estimator.reads]
     if ignored:
         fields = [flag[2:].replace("-", "_") for flag in ignored]
@@ -87,11 +125,6 @@ def check_critic_free_flags(config, given_flags: Sequence[str]) -> None:
 
 
 REWARDS = ("model", "apps")
-
-
-def describe(config, rule) -> str:
-    """The start-up line's account of what this run does (also run.json's credit_assignment)."""
-    return estimator_of(config).describe(config, rule, group_size(config))
 
 
 def reward_specs(config) -> list[str]:
@@ -149,27 +182,21 @@ def make_rewards(config) -> list[tuple[str, RewardFn | None]]:
     return out
 
 
-def check_options(config) -> None:
-    """One-line errors for combinations of values the stage cannot run with (each value on its
-    own was checked when the options were resolved: config.ACCEPTS)."""
-    try:
-        rule = credit.make_rule(config)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    k = group_size(config)
-    if k < (2 if is_critic_free(config) else 1):
-        least = "2 (a group baseline needs other responses)" if is_critic_free(config) else "1"
+def _check_combinations(config, plan: RunPlan) -> None:
+    k, responses = plan.group_size, plan.responses_per_step
+    if k < (1 if plan.critic else 2):
+        least = "1" if plan.critic else "2 (a group baseline needs other responses)"
         raise UserError(f"--samples-per-prompt must be at least {least} with --advantage {config.advantage}, got {k}")
-    missing = missing_parser(rule) if estimator_of(config).segments else None  # before any model is loaded
+    missing = missing_parser(plan.rule) if plan.estimator.segments else None  # before any model is loaded
     if missing:
         raise UserError(f"--termination parsing needs a parser: {missing}")
     processes = eng.world_size()
-    if responses_per_step(config) % config.mini_batch_size:
+    if responses % config.mini_batch_size:
         raise UserError(
-            f"the {count(responses_per_step(config), 'response')} of a step (--rollout-batch-size {config.rollout_batch_size} x "
+            f"the {count(responses, 'response')} of a step (--rollout-batch-size {config.rollout_batch_size} x "
             f"--samples-per-prompt {k}) must be a multiple of --mini-batch-size {config.mini_batch_size}"
         )
-    if config.critic_warmup_steps and config.critic_warmup_steps >= config.max_steps and not is_critic_free(config):
+    if config.critic_warmup_steps and config.critic_warmup_steps >= config.max_steps and plan.critic:
         raise UserError(
             f"--critic-warmup-steps {config.critic_warmup_steps} leaves no step that trains the actor: "
             f"it must be less than --max-steps {config.max_steps}"
@@ -179,27 +206,21 @@ def check_options(config) -> None:
     eng.micro_batch_size(config.mini_batch_size, config.gradient_accumulation_steps, processes)
 
 
-def fingerprint(config, name: str, prompts: int) -> dict[str, Any]:
+def fingerprint(config, plan: RunPlan, prompts: int) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it."""
     keys = ("seed", "rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_steps", "termination", "n",
             "value_function", "ratio", "policy", "reward_model", "reward", "reward_weights", "advantage")  # fmt: skip
-    return {"name": name, "prompts": prompts, "samples_per_prompt": group_size(config), **{k: getattr(config, k) for k in keys}}
+    return {"name": plan.name, "prompts": prompts, "samples_per_prompt": plan.group_size, **{k: getattr(config, k) for k in keys}}
 
 
-def responses_per_step(config) -> int:
-    """Responses generated per PPO step over all processes: prompts x K."""
-    return config.rollout_batch_size * group_size(config)
-
-
-
-def optimizer_steps(config, engine: str = "actor", steps: int | None = None) -> int:
+def optimizer_steps(config, plan: RunPlan, engine: str = "actor", steps: int | None = None) -> int:
     """Optimizer steps the ``engine`` (actor or critic) makes in the run's first ``steps`` steps
     (default: all of them; the length of its learning-rate schedule): the actor makes none
     during the critic's warm-up."""
     steps = config.max_steps if steps is None else steps
     if engine == "actor":
         steps = max(steps - config.critic_warmup_steps, 0)
-    return steps * config.ppo_epochs * (responses_per_step(config) // config.mini_batch_size)
+    return steps * config.ppo_epochs * (plan.responses_per_step // config.mini_batch_size)
 
 
 def micro_batch(config) -> int:
