@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from pathlib import Path
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable
 
@@ -119,6 +120,18 @@ def parses(parse: Callable[[Any], Any] | str) -> Callable[[Any], bool]:
             return False
 
     return test
+
+
+def _model_source(value: Any) -> bool:
+    """A model named as a local path exists; aliases, hub ids (owner/name) and run-directory
+    names (sft, ppo/<name>) are left to the loaders. A hub id never starts with '/', '.' or '~'
+    and has one slash, so a missing folder is caught here, before torch is imported (~3 s)."""
+    text = str(value)
+    local = text.startswith(("/", "./", "../", "~")) or text.count("/") >= 2
+    return not local or Path(text).expanduser().exists()
+
+
+MODEL_SOURCE = Accepts(_model_source, "an existing folder, an alias (tiny, smollm2-135m, random:...) or a hub id owner/name")
 
 
 @dataclass(frozen=True)
@@ -260,6 +273,10 @@ ACCEPTS: dict[str, Accepts] = {
     "memory_mb": POSITIVE,
     "workers": POSITIVE,
     "max_tests": POSITIVE,
+    "model": MODEL_SOURCE,
+    "policy": MODEL_SOURCE,
+    "reward_model": MODEL_SOURCE,
+    "tokenizer": MODEL_SOURCE,
 }
 STAGE_ACCEPTS: dict[str, dict[str, Accepts]] = {
     "bon": {"n": numbers(int, POSITIVE), "temperature": numbers(float, above(0)), "reward": rewards("model")},

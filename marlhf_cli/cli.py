@@ -181,10 +181,10 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
 
         report.compare_command(config.run_dir, names or [], compare, x_axis)
         return
-    from .train import ppo as stage
-
     if x_axis is not None:
         raise UserError("--x-axis goes with --compare (the axis of its eval curves)")
+    from .train import ppo as stage  # its option checks need torch, and come before "run marlhf sft first"
+
     given = [flag_name(field) for field in flags.ESTIMATOR_FIELDS if shared[field] is not None]
     stage.run(config, given_flags=given)
 

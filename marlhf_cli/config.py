@@ -282,7 +282,7 @@ class PassKConfig(CommonConfig):
     max_new_tokens: int = 512
     batch_size: int = 8  # sequences per generation batch
     generation: str = "auto"  # as PPOConfig.generation
-    time_limit: float = 4.0  # ours (APPS's judge: 4 s): wall-clock seconds per test
+    time_limit: float = 4.0  # ours (APPS's judge: 4 s): CPU seconds per test (sandbox.Limits.time)
     memory_mb: int = 1024  # ours: address-space limit per test
     workers: int | None = None  # parallel test processes; default: CPU count
     max_tests: int | None = None  # tests per problem; None = all

@@ -164,14 +164,36 @@ def from_hub_or_path(load, name: str, what: str, **kwargs):
 # tokenizers
 
 
+# tokenizer_config.json classes that transformers serves with its generic tokenizers backend
+# (what AutoTokenizer returns for them): loaded through it directly, which imports no torch
+GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def _generic_folder(folder: Path) -> bool:
+    """A local tokenizer folder whose tokenizer.json the generic backend reads as AutoTokenizer would."""
+    import json
+
+    config = folder / "tokenizer_config.json"
+    if not (folder / "tokenizer.json").is_file() or not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in GENERIC_TOKENIZERS
+    except (OSError, ValueError):
+        return False
+
+
 @lru_cache(maxsize=8)
 def _cached_tokenizer(name: str):
-    from transformers import AutoTokenizer
-
     _quiet_transformers()
-    if _is_alias(name) or random_arch(name) is not None:  # SmolLM2's tokenizer, shipped
-        tokenizer = AutoTokenizer.from_pretrained(SHIPPED_TOKENIZER)
+    shipped = _is_alias(name) or random_arch(name) is not None  # SmolLM2's tokenizer, in the wheel
+    folder = SHIPPED_TOKENIZER if shipped else Path(name)
+    if _generic_folder(folder):  # AutoTokenizer would import torch (~2 s) to return the same class
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     else:
+        from transformers import AutoTokenizer
+
         tokenizer = from_hub_or_path(AutoTokenizer.from_pretrained, name, "tokenizer")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

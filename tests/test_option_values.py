@@ -192,3 +192,30 @@ def test_configs_in_code_are_checked_too():
         config.resolve("bon", flags={"n": "4,0"})
     assert config.resolve("ppo", flags={"n": "inf"}).n == float("inf")
     assert config.resolve("bon", flags={"n": "4,8", "temperature": "0.5"}).n == "4,8"
+
+
+@pytest.mark.parametrize("command, flag", [
+    ("sft", "--model"), ("rm", "--model"), ("ppo", "--policy"), ("ppo", "--reward-model"), ("bon", "--policy"),
+    ("judge", "--reward-model"), ("passk", "--model"), ("segment", "--tokenizer"), ("segment", "--model"),
+])  # fmt: skip
+def test_a_model_folder_that_does_not_exist_is_one_line_before_the_stage(stages_unreachable, tmp_path, command, flag):
+    """A path (it starts with /, ., ~ or has two slashes: no hub id does) that names nothing
+    is answered by the option checks; before, a stage imported torch and probed the hub first."""
+    args = [command, *POSITIONAL.get(command, []), flag, str(tmp_path / "no" / "such-model")]
+    result = CliRunner().invoke(app, args + ([] if command == "segment" else ["--run-dir", str(tmp_path)]), env={"COLUMNS": "80"})
+    _assert_one_line_exit_2(result, flag)
+    assert "an existing folder, an alias" in result.output
+
+
+def test_model_names_that_may_be_right_pass_the_check(tmp_path):
+    (tmp_path / "here").mkdir()
+    for name in ("tiny", "smollm2-135m", "random:2x64", "google/gemma-2b", "sft", "ppo/fixed5", str(tmp_path / "here"), "~"):
+        assert accepts.MODEL_SOURCE.test(name), name
+    for name in (str(tmp_path / "gone"), "./gone", "../gone/too", "runs/a/sft"):
+        assert not accepts.MODEL_SOURCE.test(name), name
+
+
+def test_a_missing_data_file_is_one_line_before_the_stage(stages_unreachable, tmp_path):
+    for command in ("sft", "rm", "ppo", "bon"):
+        result = CliRunner().invoke(app, [command, "--data-file", str(tmp_path / "gone.jsonl"), "--run-dir", str(tmp_path)])
+        assert result.exit_code == 2 and result.output.strip() == f"error: {tmp_path / 'gone.jsonl'}: file not found", result.output

@@ -67,9 +67,9 @@ def assert_one_line_error(result, *needles):
 def test_segment_without_any_parser_fails_before_loading_the_tokenizer(tmp_path):
     answer = tmp_path / "answer.txt"
     answer.write_text("I don't know. It is fine.")
-    # the tokenizer does not exist: an error about it would mean it was loaded first
+    # the tokenizer does not exist (a hub id, offline): an error about it would mean it was loaded first
     result = run_cli_without(PARSER_PACKAGES, "segment", str(answer), "--rule", "fixed,parsing",
-                             "--tokenizer", str(tmp_path / "no-tokenizer"))
+                             "--tokenizer", "nobody/no-tokenizer")
     assert_one_line_error(result, "--rule parsing needs a parser", "spaCy is not installed", "pip install spacy")
 
 

@@ -187,10 +187,10 @@ def test_zero3_samples_with_a_whole_copy_kept_in_step_with_the_actor(tmp_path):
 
 
 def test_apps_reward_plugs_in_and_the_critic_starts_from_the_policy(tmp_path):
-    from marlhf_cli.train import ppo
+    from marlhf_cli.train import ppo, sources
 
     config = small_config(tmp_path, dataset="apps", reward_model=None, max_steps=1, eval_prompts=0, max_new_tokens=6)
-    assert ppo.settings.reward_specs(config) == ["apps"] and ppo.model_sources(config, None) == ("tiny", "tiny")
+    assert sources.reward_specs(config) == ["apps"] and sources.model_sources(config, None) == ("tiny", "tiny")
     ppo.run(config)
     entry = json.loads((tmp_path / "run.json").read_text())["stages"]["ppo/fixed5"]
     assert entry["inputs"]["reward"] == "apps-tests"

@@ -304,7 +304,7 @@ def test_the_cli_prints_the_traceback_then_one_line(rewards, tmp_path, monkeypat
     from marlhf_cli.cli import app
     from marlhf_cli.train import ppo
 
-    def fail(config):
+    def fail(config, **_):
         reward(rewards, "divides").score(["p"], ["abc"], [[1]], [{}])
 
     monkeypatch.setattr(ppo, "run", fail)
@@ -323,7 +323,7 @@ def test_the_cli_prints_the_traceback_then_one_line(rewards, tmp_path, monkeypat
 def test_several_rewards_are_checked_as_options(rewards, tmp_path):
     spec = f"py:{rewards}:named"
     config = config_module.resolve("ppo", flags={"reward": f"model,{spec}", "reward_weights": "1, -0.5", "run_dir": str(tmp_path)})
-    from marlhf_cli.train.ppo import settings
+    from marlhf_cli.train import sources as settings
 
     assert settings.reward_specs(config) == ["model", spec] and settings.reward_weights(config) == [1.0, -0.5]
     assert settings.uses_reward_model(config)

@@ -3,8 +3,9 @@
 Fork-bomb containment is proved first, and in two steps so that a broken sandbox cannot
 take the machine down: a *bounded* bomb (at most ~260 processes even if nothing stops it)
 must be held to the process limit before the real ``while True: fork()`` is run, with a
-process limit of 16 and a 2-second wall clock. After every hostile run no process of the
-sandbox's uids may remain.
+process limit of 16 and 2 CPU seconds. After every hostile run no process of the
+sandbox's uids may remain. Verdicts are asserted on CPU time, never on the wall clock, so
+that they hold on a busy machine (the sandbox's own limit is CPU time for that reason).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def test_fork_bomb_is_contained_first(iso):
     if iso.mode == "rlimits" and os.geteuid() == 0:
         pytest.skip("root without a uid switch cannot enforce a process limit")
     began = time.monotonic()
-    bounded = run(iso, BOUNDED_BOMB)
+    bounded = run(iso, BOUNDED_BOMB, dataclasses.replace(QUICK, wall=2.0))  # it sleeps: the backstop ends it
     children = bounded.stdout.count("child")
     assert bounded.status == sb.TIMEOUT
     assert children <= QUICK.processes - 1, f"{children} processes started: RLIMIT_NPROC is not enforced"
@@ -119,25 +120,49 @@ def test_fork_bomb_is_contained_first(iso):
     assert_clean(iso)
 
     bomb = run(iso, FORK_BOMB)
-    assert bomb.status == sb.TIMEOUT
-    assert bomb.seconds < QUICK.time + 2.0
+    assert bomb.status == sb.TIMEOUT and "CPU limit" in bomb.detail, bomb.detail  # not the wall-clock backstop
     assert_clean(iso)
-    assert time.monotonic() - began < 15
+    assert time.monotonic() - began < 60
     assert run(iso, "print('still fine')").stdout == "still fine\n"
 
 
-def test_infinite_loop_times_out(iso):
+def test_infinite_loop_times_out_on_its_cpu_time(iso):
     result = run(iso, "while True:\n    pass\n", sb.Limits(time=1.0))
-    assert result.status == sb.TIMEOUT
-    assert 0.9 <= result.seconds < 2.5
+    assert result.status == sb.TIMEOUT and result.detail.startswith("CPU limit of 1 s exceeded"), result.detail
+    assert 0.9 <= result.cpu_seconds < 2.5
     assert_clean(iso)
 
 
-def test_cpu_limit_ends_a_busy_program_before_a_long_wall_clock(iso):
-    result = run(iso, "while True:\n    pass\n", sb.Limits(time=10.0, cpu=1))
-    assert result.status == sb.TIMEOUT
-    assert result.seconds < 4.0
+def test_busy_children_count_together_against_the_cpu_limit(iso):
+    """Four busy children, each under its own RLIMIT_CPU of 2 s: their sum passes 1.5 s and
+    ends the run, long before any one of them would (or the wall-clock backstop)."""
+    if iso.mode == "rlimits" and os.geteuid() == 0:
+        pytest.skip("root without a uid switch cannot enforce a process limit")
+    source = "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        while True:\n            pass\ntime.sleep(60)\n"
+    result = run(iso, source, sb.Limits(time=1.5, wall=60.0))
+    assert result.status == sb.TIMEOUT and result.detail.startswith("CPU limit of 1.5 s exceeded"), result.detail
     assert_clean(iso)
+
+
+def test_a_program_that_waits_is_stopped_by_the_wall_clock_backstop(iso):
+    result = run(iso, "import time\ntime.sleep(60)\n", sb.Limits(time=1.0, wall=1.5))
+    assert result.status == sb.TIMEOUT and result.detail.startswith("wall-clock backstop of 1.5 s reached"), result.detail
+    assert result.cpu_seconds < 1.0
+    assert_clean(iso)
+
+
+@pytest.mark.parametrize(
+    ("source", "status"),
+    [("import time\ntime.sleep(2.5)\nraise ValueError('late')\n", sb.RUNTIME_ERROR),
+     ("import time\ntime.sleep(2.5)\nx = bytearray(10 ** 10)\n", sb.MEMORY_LIMIT),
+     ("import time\ntime.sleep(2.5)\nprint('in time')\n", sb.OK)],
+    ids=["crash", "memory", "ok"],
+)  # fmt: skip
+def test_a_starved_program_keeps_its_verdict(iso, source, status):
+    """Wall time without CPU time, as a program gets on a busy machine, is not a timeout:
+    each ends 2.5 s after it starts, past its 1 s of CPU, with its own verdict."""
+    result = run(iso, source, sb.Limits(time=1.0, memory_mb=256))
+    assert result.status == status, result.detail
 
 
 @pytest.mark.parametrize(
@@ -153,11 +178,9 @@ def test_memory_bomb_hits_the_memory_limit(iso, source):
 
 def test_a_gigabyte_of_output_is_cut_off(iso):
     source = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\n"
-    began = time.monotonic()
     result = run(iso, source, sb.Limits(time=5.0, output_bytes=1 << 20))
-    assert result.status == sb.OUTPUT_LIMIT
+    assert result.status == sb.OUTPUT_LIMIT and result.detail == f"more than {1 << 20} bytes of output"  # stopped at the cap
     assert len(result.stdout) <= 1 << 20
-    assert time.monotonic() - began < 3.0
     assert_clean(iso)
 
 
@@ -300,7 +323,7 @@ open(os.path.join(drop, "main"), "w").write("the program could write here")
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        time.sleep(1)
+        time.sleep(3)
         open(os.path.join(drop, "daemon"), "w").write("escaped")
         os._exit(0)
     os._exit(0)
@@ -308,9 +331,9 @@ print("parent done")
 """
         result = run(iso, source)
         assert result.stdout == "parent done\n"
-        assert result.seconds < 1.0  # it did not wait for the daemon's pipes
+        assert result.seconds < 3.0  # it did not wait for the daemon's pipes
         assert (drop / "main").is_file()
-        time.sleep(2.0)
+        time.sleep(3.5)
         assert not (drop / "daemon").exists()
         assert_clean(iso)
     finally:
@@ -393,13 +416,13 @@ def test_top_level_return_is_allowed_as_in_apps(iso):
 
 
 def test_parallel_pool_keeps_order_and_bounds_workers():
-    jobs = [sb.Job("import time\ntime.sleep(0.3)\nprint(%d)" % i) for i in range(8)]
+    jobs = [sb.Job("import time\ntime.sleep(1.0)\nprint(%d)" % i) for i in range(8)]
     with sb.Sandbox(sb.Limits(time=5.0), max_workers=4) as pool:
         began = time.monotonic()
         results = pool.map(jobs)
         took = time.monotonic() - began
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
-    assert 0.55 < took < 3.0  # two waves of four, not eight at once nor one by one
+    assert 1.9 < took < 6.0  # two waves of four (2 s), not eight at once (1 s) nor one by one (8 s)
 
 
 def test_isolation_reports_what_it_got():

@@ -180,3 +180,46 @@ def test_a_directory_is_not_a_missing_file(tmp_path):
     result = invoke(str(tmp_path))
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert result.output.strip() == f"error: {tmp_path}: is a folder: give a text or JSONL file, or - to read stdin"
+
+
+def test_the_rules_that_need_no_model_run_without_torch(tmp_path):
+    """fixed, randomized and code need a tokenizer only: the real command in a fresh process
+    segments without importing torch (its import alone took ~2 s on a quiet CPU)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = tmp_path / "in.txt"
+    source.write_text(RESPONSE)
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules, file=sys.stderr))\n"
+        "from marlhf_cli.cli import main\n"
+        f"sys.argv = ['marlhf', 'segment', {str(source)!r}, '--rule', 'fixed,randomized,code', '--format', 'json']\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["rule"] for row in rows] == ["fixed", "randomized", "code"]
+    assert all("".join(piece["text"] for piece in row["segments"]) == RESPONSE for row in rows)
+    assert done.stderr.splitlines()[-1] == "torch loaded: False"
+
+
+def test_the_shipped_tokenizer_loads_as_auto_tokenizer_loads_it():
+    """The torch-free path (PreTrainedTokenizerFast on a generic tokenizer.json) gives the
+    class, ids and offsets AutoTokenizer gives."""
+    from transformers import AutoTokenizer
+
+    from marlhf_cli import models
+
+    light = models.load_tokenizer("tiny")
+    auto = AutoTokenizer.from_pretrained(models.SHIPPED_TOKENIZER)
+    assert type(light) is type(auto) and light.pad_token is not None
+    for text in (RESPONSE, CODE, "<|im_start|>user\nhé, 日本語 ok?<|im_end|>", "  two  spaces\t\ttabs"):
+        for special in (False, True):
+            ours = light(text, add_special_tokens=special, return_offsets_mapping=True)
+            theirs = auto(text, add_special_tokens=special, return_offsets_mapping=True)
+            assert ours["input_ids"] == theirs["input_ids"] and ours["offset_mapping"] == theirs["offset_mapping"]

@@ -150,6 +150,8 @@ def check_source(dataset: str, data_file: str | Path | None = None) -> None:
     if data_file is not None:
         if name.lower() not in ADAPTERS and name.lower() not in AUTO:
             raise _unknown(name)
+        if not Path(data_file).expanduser().exists():  # before any stage imports torch
+            raise UserError(f"{data_file}: file not found")
     elif name.lower() == "trl" or name.lower() in AUTO:
         raise UserError(f"--dataset {name} needs a file: pass --data-file PATH")
     elif name.lower() not in DATASETS and not is_data_file(name) and not is_hub_id(name):

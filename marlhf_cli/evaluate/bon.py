@@ -229,7 +229,6 @@ def run(config) -> dict[str, Any]:
 
     from ..chat import ChatFormat
     from ..models import load_tokenizer
-    from ..generation import compiled
 
     ns, temps = check(config)
     samples = max(ns)
@@ -259,6 +258,8 @@ def run(config) -> dict[str, Any]:
         highlight=False, soft_wrap=True,
     )  # fmt: skip
     if todo:
+        from ..generation import compiled  # imports torch: only once every check has passed
+
         models = load_models(config, policy, reward_model)
         compiled.settle(config, models.policy, rows=config.batch_size, device=models.device,
                                  say=lambda line: err.print(line, highlight=False, soft_wrap=True))  # fmt: skip

@@ -15,62 +15,114 @@ too, so a comparison with them uses the same losses, and so do the Monte-Carlo s
 advantages (``cap_segments``, ``boundary_plan``, ``mc_advantages``: segment values from
 sampled continuations instead of a critic).
 
-``parsing_lengths`` and ``token_offsets`` (the natural-language rule and the offset
-alignment) pull in spaCy/stanza, so they are loaded on first access only.
+Every name loads its module on first use, so code that only segments imports no torch, and
+``parsing_lengths`` (the natural-language rule) pulls in spaCy/stanza only when called.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .advantages import (
-    VALUE_FUNCTIONS,
-    SegmentLayout,
-    discounted_reverse_cumsum,
-    macro_advantages,
-    num_segments,
-    segment_broadcast,
-    segment_layout,
-    segment_sums,
-    segment_weights,
-    token_gae,
-)
-from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, leave_one_out_means, rloo_advantages, sequence_to_tokens
-from .code import DEFAULT_CODE_CUTOFF, code_lengths
-from .losses import (
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
-    RATIO_MODES,
-    aggregate,
-    kl_loss,
-    kl_per_token,
-    masked_mean,
-    policy_loss,
-    value_loss,
-)
-from .montecarlo import BoundaryPlan, boundary_plan, cap_segments, kept_boundaries, mc_advantages
-from .rules import fixed_lengths, ppl_lengths, randomized_lengths
-from .segmentation import (
-    DEFAULT_PARSING_CUTOFF,
-    RULE_NAMES,
-    PendingSegments,
-    SegmentStats,
-    TerminationRule,
-    lengths_to_segment_ids,
-    missing_parser,
-    segment_batch,
-    segment_lengths,
-    start_segment_batch,
-)
+if TYPE_CHECKING:  # what the names below are, for type checkers and editors
+    from .advantages import (
+        VALUE_FUNCTIONS,
+        SegmentLayout,
+        discounted_reverse_cumsum,
+        macro_advantages,
+        num_segments,
+        segment_broadcast,
+        segment_layout,
+        segment_sums,
+        segment_weights,
+        token_gae,
+    )
+    from .baselines import ADVANTAGE_ESTIMATORS, grpo_advantages, leave_one_out_means, rloo_advantages, sequence_to_tokens
+    from .code import DEFAULT_CODE_CUTOFF, code_lengths
+    from .losses import (
+        KL_ESTIMATORS,
+        LOSS_AGGREGATIONS,
+        RATIO_MODES,
+        aggregate,
+        kl_loss,
+        kl_per_token,
+        masked_mean,
+        policy_loss,
+        value_loss,
+    )
+    from .montecarlo import BoundaryPlan, boundary_plan, cap_segments, kept_boundaries, mc_advantages
+    from .rules import fixed_lengths, ppl_lengths, randomized_lengths
+    from .segmentation import (
+        DEFAULT_PARSING_CUTOFF,
+        RULE_NAMES,
+        PendingSegments,
+        SegmentStats,
+        TerminationRule,
+        lengths_to_segment_ids,
+        missing_parser,
+        segment_batch,
+        segment_lengths,
+        start_segment_batch,
+    )
 
-_LAZY = {"parsing_lengths": ".parsing", "token_offsets": ".alignment"}
+# Each name is imported from its module on first use: the rules and the segmentation need no
+# torch (`marlhf segment` with fixed, randomized or code starts in about a second), the advantages
+# and losses do, and ``parsing_lengths`` pulls in spaCy or stanza.
+_SOURCES = {
+    "ADVANTAGE_ESTIMATORS": ".baselines",
+    "BoundaryPlan": ".montecarlo",
+    "DEFAULT_CODE_CUTOFF": ".code",
+    "DEFAULT_PARSING_CUTOFF": ".segmentation",
+    "KL_ESTIMATORS": ".losses",
+    "LOSS_AGGREGATIONS": ".losses",
+    "PendingSegments": ".segmentation",
+    "RATIO_MODES": ".losses",
+    "RULE_NAMES": ".segmentation",
+    "SegmentLayout": ".advantages",
+    "SegmentStats": ".segmentation",
+    "TerminationRule": ".segmentation",
+    "VALUE_FUNCTIONS": ".advantages",
+    "aggregate": ".losses",
+    "boundary_plan": ".montecarlo",
+    "cap_segments": ".montecarlo",
+    "code_lengths": ".code",
+    "discounted_reverse_cumsum": ".advantages",
+    "fixed_lengths": ".rules",
+    "grpo_advantages": ".baselines",
+    "kept_boundaries": ".montecarlo",
+    "kl_loss": ".losses",
+    "kl_per_token": ".losses",
+    "leave_one_out_means": ".baselines",
+    "lengths_to_segment_ids": ".segmentation",
+    "macro_advantages": ".advantages",
+    "masked_mean": ".losses",
+    "mc_advantages": ".montecarlo",
+    "missing_parser": ".segmentation",
+    "num_segments": ".advantages",
+    "parsing_lengths": ".parsing",
+    "policy_loss": ".losses",
+    "ppl_lengths": ".rules",
+    "randomized_lengths": ".rules",
+    "rloo_advantages": ".baselines",
+    "segment_batch": ".segmentation",
+    "segment_broadcast": ".advantages",
+    "segment_layout": ".advantages",
+    "segment_lengths": ".segmentation",
+    "segment_sums": ".advantages",
+    "segment_weights": ".advantages",
+    "sequence_to_tokens": ".baselines",
+    "start_segment_batch": ".segmentation",
+    "token_gae": ".advantages",
+    "token_offsets": ".alignment",
+    "value_loss": ".losses",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module = importlib.import_module(_LAZY[name], __name__)
-        return getattr(module, name)
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(_SOURCES[name], __name__), name)
+        globals()[name] = value  # once
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -16,8 +16,10 @@ import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the tensors' functions import it when called: `marlhf segment` runs without torch
+    import torch
 
 from .code import DEFAULT_CODE_CUTOFF, code_lengths
 from .rules import check_n, fixed_lengths, ppl_lengths, randomized_lengths
@@ -203,6 +205,8 @@ def lengths_to_segment_ids(
     padded, left padded or any 0/1 pattern) and 0 at masked positions. Raises ValueError if
     the number of samples or a sample's total length does not match the mask.
     """
+    import torch
+
     if mask.dim() != 2:
         raise ValueError(f"mask must be [batch, time], got shape {tuple(mask.shape)}")
     real = mask.bool()
@@ -231,6 +235,8 @@ def lengths_to_segment_ids(
 
 def _fixed_segment_ids(mask: torch.Tensor, n: int | float) -> torch.Tensor:
     """Vectorised ``fixed`` rule: the k-th real token of a sample is in segment k // n."""
+    import torch
+
     real = mask.bool()
     index_among_real = real.long().cumsum(dim=1) - 1
     if math.isinf(n):
@@ -377,6 +383,8 @@ def start_segment_batch(
     to it in ``workers`` shares (default: one per CPU) and this returns at once, so the
     caller can run model work while the parser runs (PPO scores the responses meanwhile).
     Every other case is computed here. Inputs are checked here, whatever the case."""
+    import torch
+
     if mask.dim() != 2:
         raise ValueError(f"mask must be [batch, time], got shape {tuple(mask.shape)}")
     batch = mask.shape[0]

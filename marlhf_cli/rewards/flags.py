@@ -28,7 +28,7 @@ TopP = Annotated[Optional[float], _opt("--top-p", "Nucleus sampling mass (1 = no
 MaxPrompt = Annotated[Optional[int], _opt("--max-prompt-length", "Prompt tokens kept (the end of a longer prompt). [default: 512]")]
 MaxNew = Annotated[Optional[int], _opt("--max-new-tokens", "Longest program, in tokens. [default: 512]")]
 BatchSize = Annotated[Optional[int], _opt("--batch-size", "Sequences per generation batch. [default: 8]")]
-TimeLimit = Annotated[Optional[float], _opt("--time-limit", "Wall-clock seconds per test run (the CPU limit follows). [default: 4.0]")]
+TimeLimit = Annotated[Optional[float], _opt("--time-limit", "CPU seconds per test run, all its processes together (a busy machine does not change a verdict); a program that waits without computing is stopped after 5x this + 5 s of wall clock. [default: 4.0]")]
 MemoryMb = Annotated[Optional[int], _opt("--memory-mb", "Address-space limit per test run, in MiB. [default: 1024]")]
 Workers = Annotated[Optional[int], _opt("--workers", "Test processes run in parallel. [default: the number of CPUs]")]
 MaxTests = Annotated[Optional[int], _opt("--max-tests", "Run at most this many tests per problem (APPS test problems can have hundreds). [default: all]")]

@@ -141,7 +141,6 @@ def add_mean_scores(table: list[dict], scores: dict[str, list[float]], difficult
 
 def run(config) -> dict[str, Any]:
     """Sample, test, tabulate and write the results (module doc); returns the JSON payload."""
-    import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -149,8 +148,6 @@ def run(config) -> dict[str, Any]:
     from ..chat import ChatFormat
     from ..seeding import derived_seed
     from ..models import load_causal_lm, load_tokenizer
-    from ..train.forward import disable_dropout
-    from ..generation import compiled
 
     console = Console(stderr=True)
     ks = check(config)
@@ -169,6 +166,11 @@ def run(config) -> dict[str, Any]:
     problems = count(len(records), "problem") if len(records) == loaded.available else f"{len(records)} of the {loaded.available} problems"
     console.print(f"passk '{name}': {policy}, {problems} x {count(config.n, 'sample')} from {loaded.source}; {judged_by}",
                   highlight=False, soft_wrap=True)  # fmt: skip
+
+    import torch  # after every check of the options, files and run directory (~2 s)
+
+    from ..generation import compiled
+    from ..train.forward import disable_dropout
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(policy, padding_side="left")

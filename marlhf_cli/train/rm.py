@@ -25,8 +25,8 @@ from typing import Any, Sequence
 from .. import checkpoints, engine as eng, lora
 from ..wording import count
 from ..artifacts import RunDir
-from . import common, extending, loop, scoring
-from .freeze import train_top_layers
+from . import common, extending, loop
+from .sources import base_model
 from ..chat import NONE, ChatFormat
 from ..encode import attention_mask, encode_prompt, encode_response, pad_right
 
@@ -127,18 +127,15 @@ def build_task(config: Any, tokenizer, train_records, eval_records, chat: ChatFo
     return task, dropped + dropped_eval
 
 
-def base_model(config: Any, run_dir: RunDir) -> str:
-    """``--model``, or the run's SFT model (a one-line error naming ``marlhf sft`` if absent)."""
-    return str(config.model) if config.model else str(run_dir.require("sft"))
-
-
 def run(config: Any) -> dict[str, Any]:
     """Train the reward model and write ``rm/`` into the run directory; returns final metrics."""
     from ..models import check_context, load_tokenizer
 
-    common.start(config)
     run_dir = RunDir(config.run_dir)
-    model_name = base_model(config, run_dir)
+    model_name = base_model(config, run_dir)  # "run marlhf sft first" before torch is imported
+    common.start(config)
+    from . import scoring
+    from .freeze import train_top_layers
     check_context(model_name, config.max_prompt_length, config.max_response_length,
                   prompt_flag="--max-prompt-length", response_flag="--max-response-length")  # fmt: skip
     train = common.load_split(config, "rm", config.max_records).require(STAGE, ("preference",))

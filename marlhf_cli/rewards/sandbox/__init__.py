@@ -8,8 +8,12 @@ Model-written code is hostile input (docs/method.md "Program rewards"). Every ru
 * resource limits set with ``setrlimit`` by the harness before it even reads the program
   (:func:`.limits.limits_spec` says why not in ``preexec_fn``): CPU seconds, address space,
   processes, file size, open files, no core files;
-* a wall-clock deadline, after which the whole process group is SIGKILLed
-  (``start_new_session``), and caps on the bytes of stdout/stderr read back;
+* a time limit in CPU seconds of all its processes together (each process's RLIMIT_CPU,
+  and their sum read from /proc while it runs), so that how busy the machine is never
+  turns a crash or a memory error into a timeout; a generous wall-clock backstop
+  (:meth:`.limits.Limits.wall_seconds`) for programs that wait without computing; at
+  either the whole process group is SIGKILLed (``start_new_session``); caps on the bytes
+  of stdout/stderr read back;
 * containment of process trees, which depends on what the OS allows (:func:`isolation`):
 
   ``namespaces`` (root with CAP_SYS_ADMIN: the usual CI and GPU box)

@@ -109,7 +109,7 @@ def _works(candidate: Isolation, uid: int | None) -> bool:
     """Run the probe program exactly as programs will be run (harness, limits, launcher)."""
     workdir = tempfile.mkdtemp(prefix="marlhf-sandbox-probe-", dir=temp_root())
     try:
-        execution, _ = run_in(Job(_PROBE), Limits(time=20.0), candidate, uid, workdir)
+        execution, _ = run_in(Job(_PROBE), Limits(time=5.0, wall=30.0), candidate, uid, workdir)
     except (OSError, subprocess.SubprocessError):
         return False
     finally:

@@ -27,10 +27,16 @@ COMPILE_ERROR = "compile_error"
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-run limits. ``cpu`` defaults to ``ceil(time)``; the CPU hard limit is one more second."""
+    """Per-run limits.
 
-    time: float = 4.0  # wall-clock seconds
-    cpu: float | None = None  # CPU seconds (RLIMIT_CPU)
+    A run is timed by the CPU seconds its processes use, not by the clock on the wall: on a
+    busy machine a program gets less of a core, and a crash, a memory error or a program
+    that finishes in time must not turn into a timeout because of that. The wall clock only
+    backs the CPU limit up, for programs that wait without computing (a sleep, a daemon).
+    """
+
+    time: float = 4.0  # CPU seconds, all of the run's processes together
+    wall: float | None = None  # wall-clock backstop; None: 5 x time + 5 s (:meth:`wall_seconds`)
     memory_mb: int = 1024  # address space (RLIMIT_AS)
     processes: int = 16  # processes + threads at once (RLIMIT_NPROC)
     output_bytes: int = 8 << 20  # stdout (and, separately, stderr) bytes read back
@@ -38,7 +44,13 @@ class Limits:
     open_files: int = 64  # RLIMIT_NOFILE
 
     def cpu_seconds(self) -> int:
-        return max(1, math.ceil(self.cpu if self.cpu is not None else self.time))
+        """Each process's own RLIMIT_CPU (whole seconds; the hard limit is one more)."""
+        return max(1, math.ceil(self.time))
+
+    def wall_seconds(self) -> float:
+        """Generous: a program with a fifth of a core (a 2-core machine under a load of 10)
+        that computes for ``time`` seconds still ends before it."""
+        return self.wall if self.wall is not None else 5 * self.time + 5
 
 
 def limits_spec(limits: Limits, nproc: int) -> str:
@@ -68,11 +80,14 @@ def limits_spec(limits: Limits, nproc: int) -> str:
 
 def classify(ended: str, returncode: int, stderr: str, limits: Limits, cpu_seconds: float) -> str:
     """The status of a finished run; ``ended`` is how output collection stopped
-    (``exited``, ``timeout`` or ``output``)."""
-    if ended == "timeout":
+    (``exited``, ``timeout`` (the wall-clock backstop), ``cpu`` (its processes together used
+    more than ``limits.time``) or ``output``)."""
+    if ended in ("timeout", "cpu"):
         return TIMEOUT
     if ended == "output":
         return OUTPUT_LIMIT
+    if cpu_seconds > limits.time:
+        return TIMEOUT  # over its CPU time, though it ended before the next look at it
     if returncode == 0:
         return OK
     if returncode == EXIT_COMPILE:

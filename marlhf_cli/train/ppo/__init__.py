@@ -73,7 +73,8 @@ from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
 from .rewards import RewardFn
-from .settings import STAGE, RunPlan, fingerprint, make_rewards, model_sources, plan_run, run_name
+from ..sources import model_sources
+from .settings import STAGE, RunPlan, fingerprint, make_rewards, plan_run, run_name  # RunPlan, run_name: for callers
 from .update import ppo_update
 
 
@@ -88,11 +89,11 @@ def run(config, *, reward_fn: RewardFn | None = None, given_flags: Sequence[str]
     # inputs: the policy (actor and reference), the critic's and the reward's source, prompts
     common.start(config)
     plan = plan_run(config, given_flags)  # what the run is: estimator, rule, K, name; all below read it
+    run_dir = RunDir(config.run_dir)
+    policy, reward_model = model_sources(config, run_dir)  # after the option checks: those are fixed first
     # resolved before anything is fingerprinted (as --dtype auto is), so a resume compares it
     config.generation, generation_why = compiled.resolve(config.generation)
-    run_dir = RunDir(config.run_dir)
     name = plan.name
-    policy, reward_model = model_sources(config, run_dir)
     for model in dict.fromkeys((policy, reward_model)):  # before any weight loads
         check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
                       response_flag="--max-new-tokens")  # fmt: skip

@@ -14,7 +14,8 @@ from ..forward import TokenValues, disable_dropout
 from . import value_head
 from .sampling_copy import GenerationModel
 from .rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
-from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps, reward_specs, reward_weights
+from ..sources import reward_specs, reward_weights
+from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps
 
 
 @dataclass

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ... import engine as eng
-from ...accepts import reward_list
-from ...accepts import reward_weights as checked_weights
-from ...artifacts import RunDir
 from ...errors import UserError
 from ...macro import TerminationRule
 from ...macro.segmentation import missing_parser
 from ...wording import count
 from . import credit
 from .estimators import ESTIMATORS, Estimator
+from ..sources import reward_specs
 from .rewards import RewardFn
 
 STAGE = "ppo"
@@ -125,39 +123,6 @@ def _check_flags_apply(config, estimator: Estimator, given_flags: Sequence[str])
 
 
 REWARDS = ("model", "apps")
-
-
-def reward_specs(config) -> list[str]:
-    """``--reward`` as a list, each ``model``, ``apps`` or ``py:FILE.py:FUNCTION``; by default
-    ``apps`` for the APPS dataset (its reward is the tests' outcome, docs/method.md "Program
-    rewards") and ``model`` (the reward model) for everything else."""
-    if config.reward:
-        return reward_list(config.reward)
-    return ["apps" if config.dataset == "apps" else "model"]
-
-
-def reward_weights(config) -> list[float]:
-    """``--reward-weights``, one per reward (1 each by default)."""
-    return checked_weights(reward_specs(config), config.reward_weights)
-
-
-def uses_reward_model(config) -> bool:
-    return "model" in reward_specs(config)
-
-
-def model_sources(config, run_dir: RunDir) -> tuple[str, str]:
-    """(policy, critic source): the flags, else the run's sft/ and rm/ (or a 'run X first' error).
-
-    Without ``model`` among the rewards (``--reward apps``, Python functions) there is no
-    reward model: the critic starts from the policy (docs/method.md "Program rewards") unless
-    ``--reward-model`` names one, and no rm/ is needed.
-    """
-    policy = str(config.policy) if config.policy else str(run_dir.require("sft"))
-    if config.reward_model:
-        return policy, str(config.reward_model)
-    if not uses_reward_model(config):
-        return policy, policy
-    return policy, str(run_dir.require("rm"))
 
 
 def make_rewards(config) -> list[tuple[str, RewardFn | None]]:
