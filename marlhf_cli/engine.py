@@ -58,14 +58,31 @@ def _prefer_own_ninja() -> None:
             os.environ["PATH"] = os.pathsep.join([own_bin, path]) if path else own_bin
 
 
-def _prepare_imports() -> None:
-    """Quiet DeepSpeed's accelerator probe on machines without CUDA (it picks the CPU anyway)."""
+def _import_deepspeed():
+    """``deepspeed``, imported once, the way every stage needs it.
+
+    Its accelerator probe is quieted on machines without CUDA (it picks the CPU anyway), and
+    ``mlflow`` is hidden while it loads: DeepSpeed's autotuner, which marlhf never runs,
+    imports mlflow whenever it is installed (``marlhf[trackers]``), a second of every
+    stage's start. ``--report-to mlflow`` imports mlflow itself, before or after.
+    """
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
     _prefer_own_ninja()
     if "DS_ACCELERATOR" not in os.environ:
         import torch
 
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"
+    hide_mlflow = "mlflow" not in sys.modules
+    if hide_mlflow:
+        sys.modules["mlflow"] = None  # `import mlflow` raises ImportError
+    try:
+        import deepspeed
+    finally:
+        if hide_mlflow:
+            del sys.modules["mlflow"]
+    return deepspeed
 
 
 def init_distributed(debug: bool = False) -> None:
@@ -79,9 +96,7 @@ def init_distributed(debug: bool = False) -> None:
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
         )
         os.environ[SELF_LAUNCHED] = "1"
-    _prepare_imports()
-    import deepspeed
-
+    deepspeed = _import_deepspeed()
     if not debug:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         deepspeed.utils.logger.setLevel(logging.WARNING)
@@ -322,9 +337,8 @@ def build_engine(module, config: Any, *, lr: float, batch_size: int, total_steps
     ``batch_size`` is the global batch (sequences or pairs per optimizer step). Call it once
     per trained module: PPO calls it twice (actor and critic) in the same process group.
     """
-    import deepspeed
-
     init_distributed(getattr(config, "debug", False))
+    deepspeed = _import_deepspeed()
     hidden = getattr(getattr(module, "config", None), "hidden_size", None)
     ds_config = deepspeed_config(config, batch_size=batch_size, hidden_size=hidden)
     if config.gradient_checkpointing:
@@ -359,8 +373,7 @@ def gathered_params(engine, modifier_rank: int | None = None) -> Iterator[None]:
     if zero_stage(engine) != 3:
         yield
         return
-    import deepspeed
-
+    deepspeed = _import_deepspeed()
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=modifier_rank):
         yield
 

@@ -11,6 +11,7 @@ import os
 import sqlite3
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,14 @@ def test_marlhf_push_dry_run_and_its_errors(tmp_path):
     assert "| stage | `ppo/fixed5` |" in shown.output and "files to upload to me/tldr: README.md" in shown.output
     bad = runner.invoke(app, ["push", str(folder), "no slash"])
     assert bad.exit_code == 2 and "'no slash' is not a Hub repository id" in bad.output
+
+
+def test_deepspeed_loads_without_mlflow_and_leaves_it_importable():
+    """DeepSpeed's autotuner imports mlflow whenever it is installed, a second of every
+    stage's start; the engine hides it while DeepSpeed loads (marlhf never autotunes)."""
+    pytest.importorskip("mlflow")
+    code = ("import sys\nfrom marlhf_cli import engine\nengine._import_deepspeed()\n"
+            "print('mlflow' in sys.modules)\nimport mlflow\nprint(mlflow.__name__)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "mlflow"]
