@@ -11,9 +11,41 @@ template (:mod:`marlhf_cli.chat`) the template's end-of-turn token takes the EOS
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 IGNORE = -100
+
+
+@dataclass
+class Cuts:
+    """What the length limits cut, counted while encoding (the data report's line and
+    run.json's ``inputs.cut``): prompts that lost their start, responses their end."""
+
+    prompts: int = 0
+    prompts_seen: int = 0
+    responses: int = 0
+    responses_seen: int = 0
+
+    def add_prompt(self, cut: bool) -> None:
+        self.prompts += cut
+        self.prompts_seen += 1
+
+    def add_response(self, cut: bool) -> None:
+        self.responses += cut
+        self.responses_seen += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {"prompts": self.prompts, "of_prompts": self.prompts_seen, "responses": self.responses, "of_responses": self.responses_seen}
+
+    def describe(self, max_prompt: int, max_response: int) -> str:
+        """One line, or "" when nothing was cut."""
+        parts = []
+        if self.prompts:
+            parts.append(f"{self.prompts:,} of {self.prompts_seen:,} prompts cut to --max-prompt-length {max_prompt} (their start dropped)")
+        if self.responses:
+            parts.append(f"{self.responses:,} of {self.responses_seen:,} responses cut to --max-response-length {max_response} (their end dropped, no end token)")
+        return "; ".join(parts)
 
 
 def special_prefix(tokenizer) -> tuple[int, ...]:
@@ -28,24 +60,28 @@ def special_prefix(tokenizer) -> tuple[int, ...]:
     return cached
 
 
-def encode_prompt(tokenizer, prompt: str, max_length: int) -> list[int]:
+def encode_prompt(tokenizer, prompt: str, max_length: int, cuts: Cuts | None = None) -> list[int]:
     """Prompt ids: special prefix + the last tokens of the prompt, ``max_length`` in all."""
     prefix = list(special_prefix(tokenizer))
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     room = max(0, max_length - len(prefix))
+    if cuts is not None:
+        cuts.add_prompt(len(ids) > room)
     return prefix + (ids[-room:] if room else [])
 
 
-def encode_response(tokenizer, response: str, max_length: int, end_id: int | None = None) -> list[int]:
+def encode_response(tokenizer, response: str, max_length: int, end_id: int | None = None, cuts: Cuts | None = None) -> list[int]:
     """Response ids followed by ``end_id`` (EOS unless a chat template's end-of-turn token is
     given), or the first ``max_length`` ids with no end token when cut."""
     ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    if cuts is not None:
+        cuts.add_response(len(ids) >= max_length)
     if len(ids) < max_length:
         return ids + [tokenizer.eos_token_id if end_id is None else end_id]
     return ids[:max_length]
 
 
-def encode_prompt_labels(tokenizer, pieces: Sequence[tuple[str, bool]], max_length: int) -> tuple[list[int], list[int]]:
+def encode_prompt_labels(tokenizer, pieces: Sequence[tuple[str, bool]], max_length: int, cuts: Cuts | None = None) -> tuple[list[int], list[int]]:
     """Prompt ids as :func:`encode_prompt` gives them, and SFT labels: -100, except on pieces
     marked True (earlier assistant turns a chat template renders, see marlhf_cli.chat).
 
@@ -53,7 +89,7 @@ def encode_prompt_labels(tokenizer, pieces: Sequence[tuple[str, bool]], max_leng
     boundary sits at a turn's start or after its end-of-turn token) and cut as one prompt.
     """
     if len(pieces) == 1:
-        ids = encode_prompt(tokenizer, pieces[0][0], max_length)
+        ids = encode_prompt(tokenizer, pieces[0][0], max_length, cuts)
         return ids, [IGNORE] * len(ids)
     ids, labels = [], []
     for text, trained in pieces:
@@ -62,6 +98,8 @@ def encode_prompt_labels(tokenizer, pieces: Sequence[tuple[str, bool]], max_leng
         labels += part if trained else [IGNORE] * len(part)
     prefix = list(special_prefix(tokenizer))
     room = max(0, max_length - len(prefix))
+    if cuts is not None:
+        cuts.add_prompt(len(ids) > room)
     keep = slice(-room, None) if room else slice(0, 0)  # the end, as encode_prompt keeps it
     return prefix + ids[keep], [IGNORE] * len(prefix) + labels[keep]
 

@@ -126,6 +126,55 @@ def test_pairs_identical_after_truncation_are_left_out(tokenizer):
     assert pair["chosen"] != pair["rejected"]
 
 
+def test_cuts_count_what_the_length_limits_cut(tokenizer):
+    """Against a reference: a prompt is cut when it has more tokens than fit, a response
+    when it has at least ``max_response`` (its end token is then dropped too)."""
+    import random
+
+    from marlhf_cli.encode import Cuts
+    from marlhf_cli.train import sft
+
+    rng = random.Random(0)
+    words = ["cats", "rain", "a", "long", "sentence,", "indeed", "then", "more"]
+    records = [{"prompt": " ".join(rng.choices(words, k=rng.randint(1, 14))),
+                "chosen": " ".join(rng.choices(words, k=rng.randint(1, 9))),
+                "rejected": " ".join(rng.choices(words, k=rng.randint(1, 9))) + " x"} for _ in range(60)]  # fmt: skip
+    n_ids = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    max_prompt, max_response = 8, 5
+    pairs = Cuts()
+    rm.encode_pairs(tokenizer, records, max_prompt, max_response, cuts=pairs)
+    assert pairs.prompts == sum(n_ids(r["prompt"]) > max_prompt for r in records) > 0
+    assert pairs.responses == sum(n_ids(r[k]) >= max_response for r in records for k in ("chosen", "rejected")) > 0
+    assert (pairs.prompts_seen, pairs.responses_seen) == (60, 120)
+    demos = Cuts()
+    for r in records:
+        sft.encode_record(tokenizer, {"prompt": r["prompt"], "completion": r["chosen"]}, max_prompt, max_response, cuts=demos)
+        sft.encode_record(tokenizer, {"text": r["prompt"]}, max_prompt, max_response, cuts=demos)  # a text: a response
+    assert demos.prompts == pairs.prompts and demos.prompts_seen == 60
+    texts_cut = sum(n_ids(r["prompt"]) >= max_prompt + max_response for r in records)
+    assert demos.responses == sum(n_ids(r["chosen"]) >= max_response for r in records) + texts_cut
+    assert Cuts().describe(8, 5) == ""
+    assert pairs.describe(8, 5).startswith(f"{pairs.prompts} of 60 prompts cut to --max-prompt-length 8 (their start dropped); ")
+
+
+def test_the_data_report_counts_the_cut_rows(tmp_path):
+    """`marlhf sft` says how many prompts and responses it cut, and run.json keeps the counts."""
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    data = write_toy_preferences(tmp_path / "prefs.jsonl", n=40)
+    run = CliRunner().invoke(app, ["sft", "--model", "tiny", "--dataset", str(data), "--run-dir", str(tmp_path / "run"),
+                                   "--max-prompt-length", "6", "--max-response-length", "4", "--max-steps", "1",
+                                   "--batch-size", "2", "--eval-every", "0", "--save-every", "0"], env={"COLUMNS": "200"})  # fmt: skip
+    assert run.exit_code == 0, run.output
+    cut = json.loads((tmp_path / "run" / "run.json").read_text())["stages"]["sft"]["inputs"]["cut"]
+    assert cut["prompts"] == cut["of_prompts"] > 0 and cut["responses"] == cut["of_responses"] == cut["of_prompts"]
+    said = " ".join(run.output.split())
+    assert f"sft: {cut['prompts']} of {cut['of_prompts']} prompts cut to --max-prompt-length 6 (their start dropped)" in said
+    assert f"{cut['responses']} of {cut['of_responses']} responses cut to --max-response-length 4" in said
+
+
 def test_pairwise_loss_and_metrics():
     import torch
     import torch.nn.functional as F

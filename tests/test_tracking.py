@@ -197,7 +197,10 @@ def test_a_stopped_run_resumes_into_the_same_tracker_runs_with_no_step_twice(off
 
     run_dir = offline_stores / "run"
     command, env = _ppo_command(run_dir, 5), _environment()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # SIGINT as at a terminal: a shell's background job (the suite run as `... &`) starts its
+    # children with SIGINT ignored, and the run would then finish instead of stopping
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     marker, deadline = run_dir / "ppo" / "run" / "checkpoints" / "critic" / "latest", time.time() + 300
     while not marker.is_file() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)

@@ -28,7 +28,7 @@ from ..artifacts import RunDir
 from . import common, extending, loop
 from .sources import base_model
 from ..chat import NONE, ChatFormat
-from ..encode import attention_mask, encode_prompt, encode_response, pad_right
+from ..encode import Cuts, attention_mask, encode_prompt, encode_response, pad_right
 
 STAGE = "rm"
 
@@ -37,22 +37,24 @@ STAGE = "rm"
 # pairs
 
 
-def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None) -> dict | None:
+def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None,
+                cuts: Cuts | None = None) -> dict | None:
     """``{"chosen": ids, "rejected": ids}``, each prompt + response + its end token (EOS, or
     the chat template's end of turn, where the score is read); None if they coincide."""
     chat = chat or ChatFormat(tokenizer, NONE)
-    prompt = encode_prompt(tokenizer, chat.prompt(record), max_prompt)
+    prompt = encode_prompt(tokenizer, chat.prompt(record), max_prompt, cuts)
     chosen, rejected = (chat.render(record, key) for key in ("chosen", "rejected"))
-    chosen_ids = encode_response(tokenizer, chosen.response, max_response, chosen.end_id)
-    rejected_ids = encode_response(tokenizer, rejected.response, max_response, rejected.end_id)
+    chosen_ids = encode_response(tokenizer, chosen.response, max_response, chosen.end_id, cuts)
+    rejected_ids = encode_response(tokenizer, rejected.response, max_response, rejected.end_id, cuts)
     if chosen_ids == rejected_ids:
         return None
     return {"chosen": prompt + chosen_ids, "rejected": prompt + rejected_ids}
 
 
-def encode_pairs(tokenizer, records: Sequence[dict], max_prompt: int, max_response: int, chat: ChatFormat | None = None) -> tuple[list[dict], int]:
+def encode_pairs(tokenizer, records: Sequence[dict], max_prompt: int, max_response: int, chat: ChatFormat | None = None,
+                 cuts: Cuts | None = None) -> tuple[list[dict], int]:
     """Encoded pairs and how many were left out as identical after truncation."""
-    pairs = [encode_pair(tokenizer, r, max_prompt, max_response, chat) for r in records]
+    pairs = [encode_pair(tokenizer, r, max_prompt, max_response, chat, cuts) for r in records]
     kept = [p for p in pairs if p is not None]
     return kept, len(pairs) - len(kept)
 
@@ -107,9 +109,12 @@ def summarize(sums: dict[str, float], pairs: float) -> dict[str, float]:
 # the stage
 
 
-def build_task(config: Any, tokenizer, train_records, eval_records, chat: ChatFormat | None = None) -> tuple[loop.Task, int]:
+def build_task(config: Any, tokenizer, train_records, eval_records, chat: ChatFormat | None = None,
+               cuts: Cuts | None = None) -> tuple[loop.Task, int]:
+    """The pairs task and how many pairs were identical; ``cuts`` counts what the length
+    limits cut of the training pairs (each pair: one prompt, two responses)."""
     chat = chat or ChatFormat(tokenizer, config.chat_template)
-    train, dropped = encode_pairs(tokenizer, train_records, config.max_prompt_length, config.max_response_length, chat)
+    train, dropped = encode_pairs(tokenizer, train_records, config.max_prompt_length, config.max_response_length, chat, cuts)
     held_out, dropped_eval = encode_pairs(tokenizer, eval_records, config.max_prompt_length, config.max_response_length, chat)
     pad_id = tokenizer.pad_token_id
     task = loop.Task(
@@ -145,7 +150,10 @@ def run(config: Any) -> dict[str, Any]:
     common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
-    task, identical = build_task(config, tokenizer, train.records, held_out.records, chat)
+    cuts = Cuts()
+    task, identical = build_task(config, tokenizer, train.records, held_out.records, chat, cuts)
+    if cut := cuts.describe(config.max_prompt_length, config.max_response_length):
+        common.say(f"{STAGE}: {cut}")
     if identical:
         common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
@@ -170,7 +178,7 @@ def run(config: Any) -> dict[str, Any]:
     )
     inputs = common.inputs_entry(
         config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical,
-        chat_template=chat.example(train.records),
+        chat_template=chat.example(train.records), cut=cuts.as_dict(),
     )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)
     stats = result.eval or result.train

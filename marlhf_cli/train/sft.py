@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..wording import count
 from . import common, extending, loop
 from ..chat import ChatFormat, Rendered
-from ..encode import IGNORE, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
+from ..encode import IGNORE, Cuts, attention_mask, encode_prompt_labels, encode_response, pad_right, special_prefix
 
 STAGE = "sft"
 
@@ -46,22 +46,22 @@ def encode_example(tokenizer, prompt: str, response: str, max_prompt: int, max_r
     return encode_rendered(tokenizer, Rendered(((prompt, False),), response, tokenizer.eos_token_id), max_prompt, max_response)
 
 
-def encode_rendered(tokenizer, rendered: Rendered, max_prompt: int, max_response: int) -> dict:
+def encode_rendered(tokenizer, rendered: Rendered, max_prompt: int, max_response: int, cuts: Cuts | None = None) -> dict:
     """A record as :mod:`marlhf_cli.chat` renders it: labels on the response and its end token
     (EOS, or the template's end of turn), and on earlier assistant turns it marks (their
     end-of-turn tokens included); -100 everywhere else."""
-    prompt_ids, prompt_labels = encode_prompt_labels(tokenizer, rendered.pieces, max_prompt)
-    response_ids = encode_response(tokenizer, rendered.response, max_response, rendered.end_id)
+    prompt_ids, prompt_labels = encode_prompt_labels(tokenizer, rendered.pieces, max_prompt, cuts)
+    response_ids = encode_response(tokenizer, rendered.response, max_response, rendered.end_id, cuts)
     return {"input_ids": prompt_ids + response_ids, "labels": prompt_labels + response_ids}
 
 
-def encode_text(tokenizer, text: str, max_length: int) -> dict:
+def encode_text(tokenizer, text: str, max_length: int, cuts: Cuts | None = None) -> dict:
     """A text row: ``input_ids`` = special prefix + text (+ EOS), labels on every text token.
 
     A text longer than ``max_length`` keeps its beginning and gets no EOS (as a cut response).
     """
     prefix = list(special_prefix(tokenizer))
-    ids = encode_response(tokenizer, text, max(1, max_length - len(prefix)))
+    ids = encode_response(tokenizer, text, max(1, max_length - len(prefix)), cuts=cuts)
     return {"input_ids": prefix + ids, "labels": [IGNORE] * len(prefix) + ids}
 
 
@@ -121,13 +121,15 @@ def summarize(sums: dict[str, float], count: float) -> dict[str, float]:
 # the stage
 
 
-def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: list[dict], chat: ChatFormat | None = None) -> loop.Task:
+def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: list[dict], chat: ChatFormat | None = None,
+               cuts: Cuts | None = None) -> loop.Task:
+    """The SFT task; ``cuts`` counts what the length limits cut of the training records."""
     chat = chat or ChatFormat(tokenizer, config.chat_template)
 
-    def encode(records):
-        return [encode_record(tokenizer, r, config.max_prompt_length, config.max_response_length, chat) for r in records]
+    def encode(records, cuts=None):
+        return [encode_record(tokenizer, r, config.max_prompt_length, config.max_response_length, chat, cuts) for r in records]
 
-    train = encode(train_records)
+    train = encode(train_records, cuts)
     held_out = encode(eval_records)
     if config.packing:
         block = config.max_prompt_length + config.max_response_length
@@ -147,13 +149,15 @@ def build_task(config: Any, tokenizer, train_records: list[dict], eval_records: 
     )
 
 
-def encode_record(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None) -> dict:
+def encode_record(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None,
+                  cuts: Cuts | None = None) -> dict:
     """A demonstration (loss on its response, as ``chat`` renders it; default: the
-    tokenizer's template, ``auto``) or a text record (loss on all of it)."""
+    tokenizer's template, ``auto``) or a text record (loss on all of it; a cut text counts
+    as a cut response)."""
     if "prompt" not in record:
-        return encode_text(tokenizer, record["text"], max_prompt + max_response)
+        return encode_text(tokenizer, record["text"], max_prompt + max_response, cuts)
     chat = chat or ChatFormat(tokenizer)
-    return encode_rendered(tokenizer, chat.render(record, _response_key(record)), max_prompt, max_response)
+    return encode_rendered(tokenizer, chat.render(record, _response_key(record)), max_prompt, max_response, cuts)
 
 
 # what sft trains on (data.records.record_kind); prompts alone have nothing to imitate
@@ -184,7 +188,10 @@ def run(config: Any) -> dict[str, Any]:
     common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
-    task = build_task(config, tokenizer, train.records, held_out.records, chat)
+    cuts = Cuts()
+    task = build_task(config, tokenizer, train.records, held_out.records, chat, cuts)
+    if cut := cuts.describe(config.max_prompt_length, config.max_response_length):
+        common.say(f"{STAGE}: {cut}")
     steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
     if lora.enabled(config):
         task.fingerprint.update(lora.base_identity(config, model=str(config.model)))
@@ -200,7 +207,8 @@ def run(config: Any) -> dict[str, Any]:
         save = lora.merged_saver(lambda: load_causal_lm(config.model, dtype="fp32"), stage="sft")
     engine = eng.build_engine(model, config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
     inputs = common.inputs_entry(
-        config, str(config.model), train, held_out, train_examples=len(task.train), chat_template=chat.example(train.records)
+        config, str(config.model), train, held_out, train_examples=len(task.train), chat_template=chat.example(train.records),
+        cut=cuts.as_dict(),
     )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)
     out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, save=save)
