@@ -351,3 +351,19 @@ def test_deepspeed_loads_without_mlflow_and_leaves_it_importable():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "mlflow"]
+
+
+@needs_trackers
+def test_mlflow_keeps_its_artifacts_in_the_run_directory(offline_stores, monkeypatch):
+    """Not in ./mlruns of the folder the command was started in (MLflow's default)."""
+    from marlhf_cli.artifacts import RunDir
+
+    elsewhere = offline_stores / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run = RunDir(offline_stores / "run")
+    trackers = tracking.open_trackers(run, "ppo", ["mlflow"], config={"lr": 1}, start_step=0, say=print)
+    trackers.table(2, "completions", ["response"], [["a @@ b"]])
+    trackers.close()
+    assert list(elsewhere.iterdir()) == []
+    assert [p.name for p in (offline_stores / "run" / "mlflow-artifacts").rglob("*.json")] == ["step_0000002.json"]

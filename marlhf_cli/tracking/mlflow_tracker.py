@@ -1,4 +1,5 @@
 """``--report-to mlflow``: an MLflow run in an SQLite store ``mlflow.db`` of the run directory
+(its artifacts in ``mlflow-artifacts/`` beside it)
 (``MLFLOW_TRACKING_URI`` for another store), experiment ``MLFLOW_EXPERIMENT_NAME`` or
 ``marlhf``; ``mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db`` shows it."""
 
@@ -54,7 +55,8 @@ def rewind(uri: str, run_id: str, step: int) -> bool:
 
 
 def start(*, run, stage, name, group, config, start_step, resume_id, say) -> MLflow:
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run.path('mlflow.db').resolve()}"
+    own_store = not os.environ.get("MLFLOW_TRACKING_URI")
+    uri = f"sqlite:///{run.path('mlflow.db').resolve()}" if own_store else os.environ["MLFLOW_TRACKING_URI"]
     client = MlflowClient(tracking_uri=uri)
     if resume_id:
         if not rewind(uri, resume_id, start_step):
@@ -63,7 +65,10 @@ def start(*, run, stage, name, group, config, start_step, resume_id, say) -> MLf
         return MLflow(client, resume_id)
     experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME", "marlhf")
     found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    # in the run directory's own store the artifacts (ppo's completions tables) go beside it;
+    # MLflow's default is ./mlruns of whatever folder the command was started in
+    artifacts = run.path("mlflow-artifacts").resolve().as_uri() if own_store else None
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment, artifact_location=artifacts)
     tracked = client.create_run(experiment_id, run_name=name, tags={"group": group, "stage": stage})
     params = [Param(key[:250], str(value)[:6000]) for key, value in flat(config).items()]
     for start in range(0, len(params), 100):
