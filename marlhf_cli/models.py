@@ -203,11 +203,20 @@ def _cached_tokenizer(name: str):
 def load_tokenizer(name: str, padding_side: str = "right"):
     """A fast tokenizer (offsets are needed by the text rules) with a pad token set.
 
-    Returns a copy, so callers may change ``padding_side`` without affecting each other.
+    Returns a copy, so callers may change ``padding_side`` (or a special token) without
+    affecting each other. The copy shares the cached one's backend (Rust) tokenizer: every
+    encode sets the backend's padding and truncation from the calling wrapper's own settings
+    (transformers' ``set_truncation_and_padding``), and marlhf adds no tokens, so only the
+    wrapper's attributes are copied. A deep copy re-parses the whole vocabulary (~0.2 s, five
+    times per PPO run).
     """
     import copy
 
-    tokenizer = copy.deepcopy(_cached_tokenizer(str(name)))
+    cached = _cached_tokenizer(str(name))
+    tokenizer = copy.copy(cached)
+    for key, value in vars(cached).items():  # the special-token map and the like: the copy's own
+        if isinstance(value, (dict, list, set)):
+            object.__setattr__(tokenizer, key, copy.copy(value))
     tokenizer.padding_side = padding_side
     return tokenizer
 

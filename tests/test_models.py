@@ -40,6 +40,20 @@ def test_tokenizer_is_fast_with_pad_and_offsets(tokenizer):
     assert left.padding_side == "left" and tokenizer.padding_side == "right"
 
 
+def test_tokenizer_copies_pad_on_their_own_side_and_keep_their_own_special_tokens():
+    """load_tokenizer's copies share the cached backend tokenizer: each call must still pad on
+    its own side, interleaved, and a special token set on one copy stays on it."""
+    left, right = models.load_tokenizer("tiny", padding_side="left"), models.load_tokenizer("tiny")
+    texts = ["a", "a longer text here"]
+    for _ in range(2):
+        ids_left = left(texts, padding=True)["input_ids"][0]
+        ids_right = right(texts, padding=True)["input_ids"][0]
+        assert ids_left[0] == left.pad_token_id != ids_left[-1] and ids_right[-1] == right.pad_token_id != ids_right[0]
+    eos = right.eos_token
+    left.pad_token = "<|im_start|>"
+    assert right.pad_token == models.load_tokenizer("tiny").pad_token == eos != left.pad_token
+
+
 @pytest.mark.slow
 def test_smollm2_alias_loads_real_weights_offline(tokenizer):
     model = models.load_causal_lm("smollm2-135m")
