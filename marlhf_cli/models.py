@@ -203,20 +203,13 @@ def _cached_tokenizer(name: str):
 def load_tokenizer(name: str, padding_side: str = "right"):
     """A fast tokenizer (offsets are needed by the text rules) with a pad token set.
 
-    Returns a copy, so callers may change ``padding_side`` (or a special token) without
-    affecting each other. The copy shares the cached one's backend (Rust) tokenizer: every
-    encode sets the backend's padding and truncation from the calling wrapper's own settings
-    (transformers' ``set_truncation_and_padding``), and marlhf adds no tokens, so only the
-    wrapper's attributes are copied. A deep copy re-parses the whole vocabulary (~0.2 s, five
-    times per PPO run).
+    Returns a copy, so callers may change ``padding_side``, a special token or the vocabulary
+    without affecting each other (the copy re-parses the vocabulary, ~0.2 s: the loaders'
+    own read-only uses take :func:`_cached_tokenizer` instead).
     """
     import copy
 
-    cached = _cached_tokenizer(str(name))
-    tokenizer = copy.copy(cached)
-    for key, value in vars(cached).items():  # the special-token map and the like: the copy's own
-        if isinstance(value, (dict, list, set)):
-            object.__setattr__(tokenizer, key, copy.copy(value))
+    tokenizer = copy.deepcopy(_cached_tokenizer(str(name)))
     tokenizer.padding_side = padding_side
     return tokenizer
 
@@ -253,7 +246,7 @@ def _smollm2_folder() -> Path:
 
         def save(tmp: Path) -> None:
             model.save_pretrained(tmp)
-            load_tokenizer("smollm2-135m").save_pretrained(tmp)
+            _cached_tokenizer("smollm2-135m").save_pretrained(tmp)
 
         _fill_cache_folder(folder, save)
     return folder
@@ -279,7 +272,7 @@ def _dtype(dtype: str | None):
 def _random_init(model_class, name: str, seed: int, **config_overrides):
     import torch
 
-    config = tiny_config(load_tokenizer(name), **random_arch(name), **config_overrides)
+    config = tiny_config(_cached_tokenizer(str(name)), **random_arch(name), **config_overrides)  # read only
     gpus = [torch.cuda.current_device()] if torch.cuda.is_available() else []  # this process's GPU
     # SmolLM2's shapes are built on the GPU where there is one: a CPU draws a 1.7B model's
     # random numbers in half a minute or more, a GPU at once (same seed, another generator, so
@@ -325,7 +318,7 @@ def load_score_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_
         num_labels=1, dtype=_dtype(dtype), output_loading_info=True,
     )  # fmt: skip
     if model.config.pad_token_id is None:
-        model.config.pad_token_id = load_tokenizer(name).pad_token_id
+        model.config.pad_token_id = _cached_tokenizer(str(name)).pad_token_id
     new = set(loading.get("missing_keys", ())) | {key[0] if isinstance(key, tuple) else key for key in loading.get("mismatched_keys", ())}
     return model, not any(key == "score" or key.startswith("score.") for key in new)
 

@@ -12,6 +12,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # --dtype auto (the default) means fp32 in tests whatever the CPU: the suite's figures and
 # exactness checks must not depend on the machine (tests/test_precision.py tests "auto")
 os.environ.setdefault("MARLHF_AUTO_DTYPE", "fp32")
+# pytest-xdist runs a worker per core (up to 4): each computes with one thread, as the
+# modules that opt into one_torch_thread (below) and the subprocesses the tests start always
+# did. torch's default, one OpenMP thread per core in every worker, oversubscribes the cores
+# and spins (several times slower on a 2-core machine). Set before torch is imported; the
+# subprocesses inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 

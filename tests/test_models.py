@@ -40,9 +40,9 @@ def test_tokenizer_is_fast_with_pad_and_offsets(tokenizer):
     assert left.padding_side == "left" and tokenizer.padding_side == "right"
 
 
-def test_tokenizer_copies_pad_on_their_own_side_and_keep_their_own_special_tokens():
-    """load_tokenizer's copies share the cached backend tokenizer: each call must still pad on
-    its own side, interleaved, and a special token set on one copy stays on it."""
+def test_tokenizer_copies_pad_on_their_own_side_and_keep_their_own_tokens():
+    """load_tokenizer's copies are independent of each other and of its cache: each pads on its
+    own side, interleaved; a special token set, or a token added, on one stays on it."""
     left, right = models.load_tokenizer("tiny", padding_side="left"), models.load_tokenizer("tiny")
     texts = ["a", "a longer text here"]
     for _ in range(2):
@@ -52,6 +52,10 @@ def test_tokenizer_copies_pad_on_their_own_side_and_keep_their_own_special_token
     eos = right.eos_token
     left.pad_token = "<|im_start|>"
     assert right.pad_token == models.load_tokenizer("tiny").pad_token == eos != left.pad_token
+    size = len(right)
+    left.add_tokens(["<only-in-this-copy>"])
+    assert len(left) == size + 1 and len(right) == len(models.load_tokenizer("tiny")) == size
+    assert models.load_causal_lm("tiny").config.vocab_size == size
 
 
 @pytest.mark.slow
