@@ -29,7 +29,7 @@ DTYPES = ("auto", "fp32", "bf16")
 SCHEDULES = ("cosine", "linear", "constant")
 JUDGE_TASKS = ("auto", "tldr", "hh", "webgpt")
 REWARDS = ("model", "apps")
-ADVANTAGES = ("gae", "rloo", "grpo", "mc")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
+ADVANTAGES = ("gae", "rloo", "grpo", "mc", "tree")  # marlhf_cli.macro.ADVANTAGE_ESTIMATORS
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
 X_AXES = ("step", "tokens")  # marlhf ppo --compare --x-axis (train/ppo/report.py)
 GENERATIONS = ("auto", "eager", "compiled")  # marlhf_cli.generation.compiled.MODES
@@ -226,6 +226,8 @@ ACCEPTS: dict[str, Accepts] = {
     "samples_per_prompt": POSITIVE,  # rloo/grpo/mc need 2 or more: checked by the stage
     "mc_rollouts": POSITIVE,
     "mc_max_boundaries": at_least(0),  # 0: no inner boundary, one macro action per response
+    "tree_branches": at_least(2),
+    "tree_depth": POSITIVE,
     "rollout_batch_size": POSITIVE,
     "mini_batch_size": POSITIVE,
     "ppo_epochs": POSITIVE,

@@ -143,17 +143,18 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     name: str | None = None  # run name under ppo/<name>; default derived from the rule
     policy: str | None = None  # default: the SFT model in the run directory
     reward_model: str | None = None  # default: the reward model in the run directory
-    # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (the user's
-    # function, TRL's reward_funcs convention), or several comma-separated (their weighted
-    # sum, TRL's reward_weights); None: apps for --dataset apps, else model
+    # model (the RM's score) | apps (the program's tests) | py:FILE.py:FUNCTION (TRL's reward_funcs),
+    # or several, comma-separated (their weighted sum); None: apps for --dataset apps, else model
     reward: str | None = None
     reward_weights: str | None = None  # one weight per --reward, comma-separated; None: 1 each
-    # gae: critic + GAE over macro actions (PPO / MA-PPO); rloo | grpo: critic-free group baselines;
-    # mc: critic-free, macro actions valued by sampled continuations
+    # gae: critic + GAE over macro actions (PPO / MA-PPO); without a critic: rloo | grpo (group
+    # baselines), mc (continuations value the macro actions), tree (responses branch at their ends)
     advantage: str = "gae"
-    samples_per_prompt: int | None = None  # responses per prompt (a group); None: 1 for gae, 4 for rloo/grpo/mc
+    samples_per_prompt: int | None = None  # a group; None: 1 for gae, 4 for rloo/grpo/mc; tree: K^D
     mc_rollouts: int = 2  # mc: continuations per boundary (M)
     mc_max_boundaries: int | None = None  # mc: boundaries per response at most (B); None: every one the rule makes
+    tree_branches: int = 2  # tree: children per node (K); K^D leaves per prompt
+    tree_depth: int = 2  # tree: levels of macro actions (D)
     # Algorithm 1 / Table 5
     rollout_batch_size: int = 256
     mini_batch_size: int = 32

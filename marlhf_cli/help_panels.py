@@ -27,7 +27,7 @@ SHARED = {
                      "--lora-alpha", "--lora-targets", "--lora-dropout"), "Model"),
     **dict.fromkeys(("--termination", "--n", "--cutoff", "--value-function", "--ratio", "--parser-backend",
                      "--parse-workers"), "Macro actions"),
-    **dict.fromkeys(("--advantage", "--samples-per-prompt", "--mc-rollouts", "--mc-max-boundaries", "--gamma", "--lam",
+    **dict.fromkeys(("--advantage", "--samples-per-prompt", "--mc-rollouts", "--mc-max-boundaries", "--tree-branches", "--tree-depth", "--gamma", "--lam",
                      "--kl-coef", "--kl-estimator", "--reward-clip", "--whiten-advantages", "--missing-eos-penalty"),
                     "Advantage"),
     **dict.fromkeys(("--lr", "--batch-size", "--epochs", "--max-steps", "--rollout-batch-size", "--mini-batch-size",

@@ -520,10 +520,11 @@ def _ppo_rows(tmp_path, generation: str, **flags) -> list[dict]:
 @pytest.mark.parametrize("flags", [
     dict(advantage="mc", samples_per_prompt=2, mc_rollouts=2, termination="fixed", n=3),
     dict(lora_rank=4, termination="fixed", n=5, critic_lr=1e-3, mini_batch_size=2),
-], ids=["mc", "lora"])  # fmt: skip
+    dict(advantage="tree", termination="fixed", n=3),
+], ids=["mc", "lora", "tree"])  # fmt: skip
 def test_a_ppo_run_samples_the_same_compiled_as_eager(tmp_path, capfd, flags):
-    """Rollouts, mc's continuations (per-row numbers, budgets, repeats), held-out evaluation and
-    LoRA adapters: the compiled run's every logged figure is the eager run's, to float rounding,
+    """Rollouts, mc's continuations (per-row numbers, budgets, repeats), tree rollouts, held-out
+    evaluation and LoRA adapters: the compiled run's every logged figure is the eager run's, to float rounding,
     and the run made its buckets in its first step and no more after."""
     eager = _ppo_rows(tmp_path, "eager", **flags)
     compiled = _ppo_rows(tmp_path, "compiled", **flags)

@@ -83,6 +83,7 @@ def _ppo(run_dir: Path, toy: Path, name: str, **overrides) -> list[dict]:
         ("ppl", dict(termination="ppl")),
         ("rloo", dict(advantage="rloo", samples_per_prompt=2)),
         ("grpo", dict(advantage="grpo", samples_per_prompt=2)),
+        ("tree", dict(advantage="tree", termination="fixed", n=5)),  # K = 2, D = 2: 4 leaves per prompt
     ],
 )
 def test_ppo_estimators_in_bf16(pipeline, toy, name, overrides):
@@ -102,6 +103,8 @@ def test_ppo_estimators_in_bf16(pipeline, toy, name, overrides):
     if name in ("rloo", "grpo"):
         assert all(r["responses"] == 8 for r in rows)  # 4 prompts x K=2
         assert not (pipeline / "ppo" / name / "critic").exists()
+    if name == "tree":
+        assert all(r["responses"] == 16 and r["shared_prefix_tokens"] > 0 for r in rows)
     assert len(read_jsonl(pipeline / "samples" / f"{name}.jsonl")) == 2
     assert (pipeline / "ppo" / name / "config.json").is_file()
     _used_the_gpu()

@@ -39,11 +39,12 @@ def test_the_registry_holds_every_estimator_and_the_option_lists_agree():
     from marlhf_cli.train.ppo import estimators
 
     assert tuple(estimators.ESTIMATORS) == ADVANTAGE_ESTIMATORS == accepts.ADVANTAGES
-    every = estimators.RULE_OPTIONS + estimators.CRITIC_OPTIONS + estimators.MC_OPTIONS
+    every = estimators.RULE_OPTIONS + estimators.CRITIC_OPTIONS + estimators.MC_OPTIONS + estimators.TREE_OPTIONS
     assert flags.ESTIMATOR_FIELDS == every
     table = {name: (e.critic, e.segments, e.kl_in_loss, e.group_size) for name, e in estimators.ESTIMATORS.items()}
     assert table == {"gae": (True, True, False, 1), "rloo": (False, False, False, 4), "grpo": (False, False, True, 4),
-                     "mc": (False, True, True, 4)}  # fmt: skip
+                     "mc": (False, True, True, 4), "tree": (False, True, False, 4)}  # fmt: skip
+    assert [name for name, e in estimators.ESTIMATORS.items() if e.draws or e.leaves] == ["tree"]
     for entry in estimators.ESTIMATORS.values():
         assert set(entry.reads) <= set(every)
     assert set(estimators.ESTIMATORS["mc"].reads) == {"termination", "n", "cutoff", "mc_rollouts", "mc_max_boundaries"}

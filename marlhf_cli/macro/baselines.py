@@ -29,8 +29,9 @@ __all__ = [
 ]  # fmt: skip
 
 # gae: a critic and GAE over macro actions (PPO / MA-PPO); rloo and grpo: no critic; mc:
-# no critic, segment values from sampled continuations (montecarlo.py)
-ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo", "mc")
+# no critic, segment values from sampled continuations (montecarlo.py); tree: no critic, values
+# from a tree of responses branching at the macro actions' ends (tree.py)
+ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo", "mc", "tree")
 GRPO_EPS = 1e-4  # keeps an all-equal group at exactly zero advantage
 
 

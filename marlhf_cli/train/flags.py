@@ -123,16 +123,18 @@ LoraTargetsOption = Annotated[
 # marlhf ppo (defaults: marlhf_cli.config.PPOConfig, the paper's Table 5)
 
 # what to train, from what
-Name = Annotated[Optional[str], _opt("--name", "Run name: ppo/<name>, samples/<name>.jsonl, metrics/ppo-<name>.jsonl. [default: from the estimator and the rule: vanilla, fixed5, fixed-inf, ppl, parsing, code, randomized (gae; -first etc. for another --value-function), rloo, grpo, mc-fixed8, mc-ppl-m4-b3 (mc: its rule, M and B), with -k<K> for a group size other than the default and -macro-ratio or -<aggregation> for those options]")]
+Name = Annotated[Optional[str], _opt("--name", "Run name: ppo/<name>, samples/<name>.jsonl, metrics/ppo-<name>.jsonl. [default: from the estimator and the rule: vanilla, fixed5, fixed-inf, ppl, parsing, code, randomized (gae; -first etc. for another --value-function), rloo, grpo, mc-fixed8, mc-ppl-m4-b3 (mc: its rule, M and B), tree-fixed8, tree-ppl-b3-d3 (tree: its rule, K and D), with -k<K> for a group size other than the default and -macro-ratio or -<aggregation> for those options]")]
 Policy = Annotated[Optional[str], _opt("--policy", "Policy and reference model (hub id, folder, alias 'tiny'). [default: the run's sft/]")]
 RewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model, also the critic's initialisation (hub id, folder, alias 'tiny'). With --dataset apps the reward is the tests' outcome and the critic starts from the policy unless this is given. [default: the run's rm/]")]
 Reward = Annotated[Optional[List[str]], _opt("--reward", "Where scores come from: model (the reward model), apps (run the generated program on the record's tests, docs/method.md, 'Program rewards') or py:FILE.py:FUNCTION (your Python function, called as TRL's reward_funcs: prompts=, completions=, completions_ids=, and the records' other fields as keyword lists; it returns one float per response). Several, repeated or comma-separated, score with their weighted sum (--reward-weights; each one's mean is logged as score_<name>). The file is your own code, imported and run as it is, not sandboxed. Without model no rm/ is needed and the critic starts from the policy. [default: apps for --dataset apps, else model]")]
 RewardWeights = Annotated[Optional[str], _opt("--reward-weights", "One weight per --reward, comma-separated, in the same order (TRL's reward_weights): the score is the weighted sum. [default: 1 each]")]
 
 # advantage estimator
-Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline), grpo (group-normalised score, KL as a loss term) or mc (macro actions from --termination, each boundary valued by the mean score of --mc-rollouts continuations sampled from it, KL as a loss term); rloo, grpo and mc train no critic. [default: gae]")]
-SamplesPerPrompt = Annotated[Optional[int], _opt("--samples-per-prompt", "Responses sampled per prompt (K, one group); a step generates --rollout-batch-size x K responses. rloo/grpo/mc need K >= 2. [default: 1 for gae, 4 for rloo/grpo/mc]")]
+Advantage = Annotated[Optional[str], _opt("--advantage", "Advantage estimator: gae (a critic and GAE over macro actions: PPO / MA-PPO), rloo (leave-one-out group baseline), grpo (group-normalised score, KL as a loss term), mc (macro actions from --termination, each boundary valued by the mean score of --mc-rollouts continuations sampled from it, KL as a loss term) or tree (a tree of responses per prompt that branches where --termination ends a macro action; each leaf is trained on, a macro action's advantage is the mean return of the leaves below it minus its parent's); rloo, grpo, mc and tree train no critic. [default: gae]")]
+SamplesPerPrompt = Annotated[Optional[int], _opt("--samples-per-prompt", "Responses sampled per prompt (K, one group); a step generates --rollout-batch-size x K responses. rloo/grpo/mc need K >= 2; tree sets it (--tree-branches ^ --tree-depth). [default: 1 for gae, 4 for rloo/grpo/mc]")]
 McRollouts = Annotated[Optional[int], _opt("--mc-rollouts", "mc: continuations sampled from every inner boundary of a response (M); a boundary's value is their mean score. [default: 2]")]
+TreeBranches = Annotated[Optional[int], _opt("--tree-branches", "tree: children per node (K >= 2): the prompt and the end of each of the first D - 1 macro actions are followed by K samples. [default: 2]")]
+TreeDepth = Annotated[Optional[int], _opt("--tree-depth", "tree: macro actions per path before the rest of the response (D): a prompt's tree has K^D leaves, the responses a step trains on; D = 1 is a group of K responses with the group's mean return as baseline. [default: 2]")]
 McMaxBoundaries = Annotated[Optional[int], _opt("--mc-max-boundaries", "mc: at most B boundaries per response, spread evenly over the rule's (the segments between two kept ones merge), so a fine rule (ppl, parsing) costs at most B x M continuations per response. [default: every boundary]")]
 
 # Algorithm 1 / Table 5
@@ -159,7 +161,7 @@ TopK = Annotated[Optional[int], _opt("--top-k", "Sample among the k most likely 
 TopP = Annotated[Optional[float], _opt("--top-p", "Nucleus sampling mass (like --top-k, it only narrows what can be drawn). [default: 1.0]")]
 MaxPrompt = Annotated[Optional[int], _opt("--max-prompt-length", "Prompt tokens kept (the end of longer prompts). [default: 512]")]
 MaxNewTokens = Annotated[Optional[int], _opt("--max-new-tokens", "Longest response; a response cut there has no EOS. [default: 512]")]
-GenerationOption = Annotated[Optional[str], _opt("--generation", "How responses are sampled (ppo: rollouts, mc's continuations and evaluation): eager (the model's forward from Python for every token), compiled (a static KV cache, each token's step recorded once as a CUDA graph and replayed: the same draws, one launch per token; on a CPU the same code without graphs) or auto (compiled on CUDA, eager on a CPU; the start-up line says which and the cache's size). A model or shape the static cache does not cover is sampled eagerly, said once. [default: auto]")]
+GenerationOption = Annotated[Optional[str], _opt("--generation", "How responses are sampled (ppo: rollouts, mc's continuations, tree rollouts and evaluation): eager (the model's forward from Python for every token), compiled (a static KV cache, each token's step recorded once as a CUDA graph and replayed: the same draws, one launch per token; on a CPU the same code without graphs) or auto (compiled on CUDA, eager on a CPU; the start-up line says which and the cache's size). A model or shape the static cache does not cover is sampled eagerly, said once. [default: auto]")]
 
 # macro actions
 Termination = Annotated[Optional[str], _opt("--termination", "Termination rule forming macro actions: fixed, randomized, ppl, parsing, code ('fixed --n 1' is vanilla PPO). [default: fixed]")]
@@ -182,7 +184,7 @@ OffloadFrozen = Annotated[Optional[bool], _switch("--offload-frozen", "Keep the 
 # comparison
 Compare = Annotated[bool, typer.Option("--compare", help="Instead of training: draw the eval curves of the runs NAMES on one figure (plots/) and print their table.")]
 Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --compare.", show_default=False)]
-XAxis = Annotated[Optional[str], _opt("--x-axis", "With --compare: eval curves against the PPO step, or against tokens (generated tokens so far: responses plus mc's continuations, the sampling cost). [default: step]")]
+XAxis = Annotated[Optional[str], _opt("--x-axis", "With --compare: eval curves against the PPO step, or against tokens (generated tokens so far: responses plus mc's continuations, a tree's shared prefixes counted once: the sampling cost). [default: step]")]
 
 
 # tracking and the Hub (marlhf_cli/tracking, marlhf_cli/hub_push.py) ---------------------------
@@ -217,6 +219,7 @@ PPO = {
     "name": Name, "policy": Policy, "reward_model": RewardModel, "reward": Reward, "reward_weights": RewardWeights,
     "advantage": Advantage,
     "samples_per_prompt": SamplesPerPrompt, "mc_rollouts": McRollouts, "mc_max_boundaries": McMaxBoundaries,
+    "tree_branches": TreeBranches, "tree_depth": TreeDepth,
     "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "value_head_init": ValueHeadInit,
     "critic_warmup_steps": CriticWarmupSteps, "clip_range": ClipRange,
@@ -231,4 +234,4 @@ PPO = {
 # flags only some estimators read (the rule's, the critic's, mc's: train/ppo/estimators.py
 # says which): given on the command line to another estimator they are a one-line error
 ESTIMATOR_FIELDS = ("termination", "n", "cutoff", "value_function", "critic_lr", "value_clip_range", "value_head_init",
-                    "critic_warmup_steps", "mc_rollouts", "mc_max_boundaries")
+                    "critic_warmup_steps", "mc_rollouts", "mc_max_boundaries", "tree_branches", "tree_depth")

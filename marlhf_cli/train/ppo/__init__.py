@@ -185,10 +185,11 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     began = time.perf_counter()
     torch.manual_seed(derived_seed(config.seed, step, rank, "rollout"))
 
-    # 1. a batch of prompts, each repeated K times (a group; K = 1 for PPO / MA-PPO)
+    # 1. a batch of prompts, each repeated K times (a group; K = 1 for PPO / MA-PPO; tree: K^D)
     records, sample_numbers = ctx.schedule.for_rank(step, rank, processes, ctx.plan.group_size)
 
-    # 2-3. sample responses with the actor; old/ref log-probs, values, rewards. A text rule
+    # 2-3. sample responses with the actor (tree: a tree per prompt, its leaves the
+    # responses); old/ref log-probs, values, rewards. A text rule
     # with a --parse-workers pool starts parsing as soon as the responses exist, so the
     # parser runs while the scoring forwards do.
     estimator = ctx.estimator
@@ -196,7 +197,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     segmentation: dict[str, Any] = {}  # the parse started on the pool, if any
 
     def start_segmentation(response_ids, mask):
-        if estimator.segments:
+        if estimator.segments and estimator.draws is None:  # a tree's segments are its levels
             segmentation["pending"] = credit.start_segmentation(
                 ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
             )
@@ -207,6 +208,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
             models.actor, models.reference, models.critic, models.reward, models.tokenizer,
             [ctx.chat.prompt(r) for r in records], records, ctx.rollout,
             device=models.device, sampler=sampler, on_sampled=start_segmentation,
+            draw=estimator.draws(ctx, step, sample_numbers) if estimator.draws else None,
         )  # fmt: skip
     except UserError as error:  # a user's reward function failed: before this step's update
         failure = error
@@ -215,7 +217,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     # 4-5. credit assignment by the --advantage estimator (estimators.py): gae cuts responses
     # into macro actions and runs GAE over them, broadcast to tokens; rloo / grpo give each
     # response one advantage from its group; mc values each macro action's boundaries by
-    # sampling continuations from them
+    # sampling continuations from them; tree reads its values off the leaves of each node
     credited = time.perf_counter()
     estimator.assign(experience, CreditInputs(ctx, step, sample_numbers, sampler, segmentation.get("pending")))
     credit_seconds = time.perf_counter() - credited

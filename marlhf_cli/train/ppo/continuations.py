@@ -71,7 +71,7 @@ def _prefixes(experience, plan: BoundaryPlan, pad_token_id: int) -> tuple[torch.
     return ids, mask
 
 
-def _uniforms(seeds: Sequence[int], budgets: Sequence[int], width: int) -> torch.Tensor:
+def row_uniforms(seeds: Sequence[int], budgets: Sequence[int], width: int) -> torch.Tensor:
     """[R, width] float64: row r's first budgets[r] numbers from its own generator, then 0
     (never used: the row is finished by then)."""
     out = torch.zeros((len(seeds), width), dtype=torch.float64)
@@ -80,7 +80,7 @@ def _uniforms(seeds: Sequence[int], budgets: Sequence[int], width: int) -> torch
     return out
 
 
-def _continuation_mask(ids: torch.Tensor, budgets: torch.Tensor, stop_ids: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def budgeted_mask(ids: torch.Tensor, budgets: torch.Tensor, stop_ids: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask, has_eos) of sampled continuations: real up to the first stop token (EOS, or a
     chat template's end of turn) within the budget; columns past the budget are padding
     (possibly the pad id = EOS, which must not count)."""
@@ -130,10 +130,10 @@ def sample_continuations(
         rows = slice(entries.start * rollouts, entries.stop * rollouts)
         sampled = sample(
             model, ids, mask, settings.sampling_for(width),
-            eos_token_id=stop, pad_token_id=pad, uniforms=_uniforms(seeds[rows], budget.tolist(), width).to(ids.device),
+            eos_token_id=stop, pad_token_id=pad, uniforms=row_uniforms(seeds[rows], budget.tolist(), width).to(ids.device),
             budgets=budget.to(ids.device), repeats=rollouts,
         )  # fmt: skip
-        continuation_mask, has_eos = _continuation_mask(sampled, budget.to(sampled.device), stop)
+        continuation_mask, has_eos = budgeted_mask(sampled, budget.to(sampled.device), stop)
         tokens += int(continuation_mask.sum())
         owners = plan.rows[entries].repeat_interleave(rollouts)  # the response each continuation extends
         starts = plan.positions[entries].repeat_interleave(rollouts)  # its s_k

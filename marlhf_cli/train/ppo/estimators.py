@@ -16,7 +16,11 @@ gae    yes     rule      reward (k1)  segment GAE over the critic's values (MA-P
 rloo   no      one       reward (k1)  R_i - mean of the group's other R (R = score - beta KL)
 grpo   no      one       loss (k3)    (score_i - group mean) / (group std + eps)
 mc     no      rule      loss (k3)    V(s_{k+1}) - V(s_k), V from sampled continuations
+tree   no      tree      reward (k1)  V(node) - V(parent), V the mean R of the leaves below
 =====  ======  ========  ===========  ===================================================
+
+``tree`` also samples its own way: its ``draws`` entry replaces the rollout's one response per
+prompt by a tree of K^D leaves per prompt (:mod:`.tree`).
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ...macro import PendingSegments, TerminationRule, boundary_plan, cap_segments, mc_advantages
-from . import credit
+import torch
+
+from ...macro import PendingSegments, SegmentStats, TerminationRule, boundary_plan, cap_segments, mc_advantages
+from ...macro.tree import leaves_per_tree, tree_advantages, tree_segment_ids
+from . import credit, tree as trees
 from .continuations import continuation_seed, sample_continuations
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ AssignFn = Callable[["Experience", CreditInputs], None]
 RULE_OPTIONS = ("termination", "n", "cutoff")
 CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range", "value_head_init", "critic_warmup_steps")
 MC_OPTIONS = ("mc_rollouts", "mc_max_boundaries")
+TREE_OPTIONS = ("tree_branches", "tree_depth")
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,15 @@ class Estimator:
     segments: bool  # a termination rule cuts the responses into macro actions
     kl_in_loss: bool  # beta * k3 KL added to the loss instead of -beta * KL in the reward
     group_size: int  # default K (--samples-per-prompt); without a critic K must be >= 2
-    reads: tuple[str, ...]  # of RULE_OPTIONS + CRITIC_OPTIONS + MC_OPTIONS
+    reads: tuple[str, ...]  # of RULE_OPTIONS + CRITIC_OPTIONS + MC_OPTIONS + TREE_OPTIONS
     describe: Callable[[Any, TerminationRule, int], str]  # (config, rule, K) -> the start-up line
     what_it_is: str  # for the error naming options it does not read
+    # the responses per prompt when the estimator's own options fix them (tree: K^D), else None
+    # (--samples-per-prompt, or group_size)
+    leaves: Callable[[Any], int] | None = None
+    # (ctx, step, sample numbers) -> draw(model, prompts): its own sampling in place of one
+    # response per prompt (experience.make_experience), or None
+    draws: Callable[["Context", int, Sequence[int]], Callable] | None = None
 
 
 ESTIMATORS: dict[str, Estimator] = {}
@@ -202,3 +216,64 @@ def mc(experience, inputs: CreditInputs) -> None:
     experience.continuations = len(plan) * rollouts
     experience.continuation_tokens = continuations.tokens
     experience.continuation_seconds = continuations.seconds
+
+
+def _describe_tree(config, rule: TerminationRule, k: int) -> str:
+    inner = config.tree_depth - 1  # macro actions whose ends branch
+    where = "at the prompt" + ("" if inner == 0 else " and the end of the first macro action" if inner == 1 else
+                               f" and the ends of the first {inner} macro actions")  # fmt: skip
+    return (
+        f"tree rollouts (no critic: {config.tree_branches} branches per node {where} ({credit.rule_summary(rule)}), "
+        f"{k} leaves per prompt, each trained on; "
+        f"V(node) the mean KL-shaped return of its leaves, a macro action's advantage V(node) - V(parent); "
+        f"KL penalty in the reward; {_ratio(config, 'segment')})"
+    )
+
+
+def _draw_trees(ctx: "Context", step: int, sample_numbers: Sequence[int]) -> Callable:
+    """Sampling for one step of ``tree``: each group of K^D rows is one prompt's tree; a tree
+    is named by its first response's global sample number (its seeds, and its randomized
+    rule's, so that a resumed run draws and cuts the same tree)."""
+    config, models, leaves = ctx.config, ctx.models, ctx.plan.group_size
+    firsts = list(sample_numbers[::leaves])
+    segmenter = trees.rule_segmenter(
+        ctx.rule, models.tokenizer, reference=models.reference, settings=ctx.rollout, tree_seeds=firsts,
+        device=models.device, executor=ctx.executor,
+    )  # fmt: skip
+
+    def draw(model, prompts):
+        return trees.sample_tree(
+            model, models.tokenizer, prompts, ctx.rollout, branches=config.tree_branches, depth=config.tree_depth,
+            segmenter=segmenter, device=models.device,
+            seeds=lambda tree, level, node, child: trees.tree_seed(config.seed, step, firsts[tree], level, node, child),
+        )  # fmt: skip
+
+    return draw
+
+
+@register(
+    "tree", critic=False, segments=True, kl_in_loss=False, group_size=4, reads=RULE_OPTIONS + TREE_OPTIONS,
+    what_it_is="trains no critic", describe=_describe_tree,
+    leaves=lambda config: leaves_per_tree(config.tree_branches, config.tree_depth), draws=_draw_trees,
+)  # fmt: skip
+def tree(experience, inputs: CreditInputs) -> None:
+    """Each leaf's tokens of its level-d macro action get V(level-d node) - V(its parent), V the
+    mean KL-shaped return of the leaves below (docs/method.md "Tree rollouts over macro
+    actions"); a leaf is a response like any other, so a shared prefix is trained on once per
+    leaf below it."""
+    config, mask = inputs.ctx.config, experience.mask
+    drawn = experience.tree
+    segment_ids = tree_segment_ids(drawn.branch_positions, mask)
+    returns = torch.where(mask.bool(), experience.rewards, torch.zeros_like(experience.rewards)).sum(dim=1)
+    advantages = tree_advantages(returns, config.tree_branches, config.tree_depth, segment_ids, mask)
+    advantages = advantages.to(device=mask.device, dtype=experience.rewards.dtype)
+    if config.whiten_advantages:
+        advantages = credit.whiten(advantages, mask)
+    lengths = mask.sum(dim=1)
+    segments = torch.where(lengths > 0, segment_ids.amax(dim=1) + 1, torch.zeros_like(lengths))
+    experience.segment_ids = segment_ids
+    experience.advantages = advantages
+    experience.returns = None
+    experience.segment_stats = SegmentStats(
+        samples=int(mask.shape[0]), segments=int(segments.sum()), tokens=int(lengths.sum()), fallbacks=drawn.fallbacks
+    )

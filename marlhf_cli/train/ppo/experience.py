@@ -108,6 +108,8 @@ class Experience:
     continuations: int = 0
     continuation_tokens: int = 0
     continuation_seconds: float = 0.0
+    # --advantage tree: the TreeRollout the responses (its leaves) came from
+    tree: object | None = None
 
     @property
     def batch_size(self) -> int:
@@ -149,7 +151,7 @@ def _chunks(size: int, chunk: int):
 
 
 @torch.no_grad()
-def _batched(fn: Callable[[slice], torch.Tensor], size: int, chunk: int) -> torch.Tensor:
+def batched_forward(fn: Callable[[slice], torch.Tensor], size: int, chunk: int) -> torch.Tensor:
     return torch.cat([fn(part) for part in _chunks(size, chunk)], dim=0)
 
 
@@ -180,6 +182,7 @@ def make_experience(
     device="cpu",
     sampler=None,
     on_sampled: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    draw: Callable | None = None,
 ) -> Experience:
     """Sample one batch and compute every token-level quantity PPO needs (module docstring).
 
@@ -187,6 +190,9 @@ def make_experience(
     whole-parameter copy of it). ``critic``: None for the critic-free baselines (values are
     then zero). ``on_sampled(response_ids, mask)``: called once the
     responses exist, before the scoring forwards (PPO starts the parser there).
+    ``draw(model, prompts)``: an estimator's own sampling in place of one response per
+    prompt (``--advantage tree``: the leaves of a tree per group, a :class:`.tree.TreeRollout`);
+    the old log-probs then come from an actor forward.
     """
     started = time.perf_counter()
     sampling_model = sampler if sampler is not None else actor
@@ -196,9 +202,17 @@ def make_experience(
     # (0.26 at worst, SmolLM2-135M in bf16), enough to clip the first update's ratio, so
     # there the old log-probs come from a forward shaped like the training one, as before.
     from_sampling = _parameter_dtype(sampling_model) == torch.float32
-    prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = generate(
-        sampling_model, tokenizer, prompts, settings, device=device, with_logprobs=from_sampling
-    )
+    tree = None
+    if draw is None:
+        prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = generate(
+            sampling_model, tokenizer, prompts, settings, device=device, with_logprobs=from_sampling
+        )
+    else:  # a leaf's tokens were drawn by several sampler calls: one forward gives their log-probs
+        tree = draw(sampling_model, prompts)
+        prompt_ids, prompt_mask, response_ids, mask, has_eos = (
+            tree.prompt_ids, tree.prompt_mask, tree.response_ids, tree.mask, tree.has_eos
+        )
+        old_logp = None
     generated = time.perf_counter()
     if on_sampled is not None:
         on_sampled(response_ids, mask)
@@ -208,14 +222,14 @@ def make_experience(
     temperature = settings.temperature
 
     def logp_of(model):
-        return _batched(lambda s: policy_forward(model, seq[s], att[s], plen, temperature)[0], size, chunk)
+        return batched_forward(lambda s: policy_forward(model, seq[s], att[s], plen, temperature)[0], size, chunk)
 
     if old_logp is None:
         old_logp = logp_of(actor)
     with resident(reference, device, settings.offload_frozen):
         ref_logp = logp_of(reference)
     if critic is not None:
-        values = _batched(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
+        values = batched_forward(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
     else:  # rloo / grpo: no critic, the baseline comes from the group
         values = torch.zeros_like(old_logp)
     with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
@@ -252,4 +266,5 @@ def make_experience(
         score_parts=score_parts,
         generation_seconds=generated - started,
         scoring_seconds=time.perf_counter() - generated,
+        tree=tree,
     )

@@ -35,6 +35,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "fallbacks": float(stats.fallbacks),
         "continuations": float(experience.continuations),
         "continuation_tokens": float(experience.continuation_tokens),
+        "shared_prefix_tokens": float(experience.tree.shared_tokens if experience.tree is not None else 0),
         **{f"part:{name}": float(part.sum()) for name, part in experience.score_parts.items()},
         **{f"update:{k}": v for k, v in update_stats.items()},
         **{f"time:{k}": v for k, v in timings.items()},
@@ -61,10 +62,12 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "parse_fallbacks": total["fallbacks"],
         "response_tokens": total["response_tokens"],
         # the step's sampling cost over all processes (mc samples continuations besides the
-        # responses): real tokens, each sequence up to and including its EOS
+        # responses; a tree's leaves share the prefixes drawn once): real tokens, each
+        # sequence up to and including its EOS
         "continuations": total["continuations"],
         "continuation_tokens": total["continuation_tokens"],
-        "generated_tokens": total["response_tokens"] + total["continuation_tokens"],
+        "shared_prefix_tokens": total["shared_prefix_tokens"],
+        "generated_tokens": total["response_tokens"] - total["shared_prefix_tokens"] + total["continuation_tokens"],
     }
     if experience.returns is not None:
         out["explained_variance"] = explained_variance(total)

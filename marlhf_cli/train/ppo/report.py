@@ -115,7 +115,7 @@ def _table(title: str, summaries: Sequence[dict]):
             _fmt(s["kl"]), _fmt(s["segment_length"], 2), *((_fmt(s["critic_fit"], 2),) if critic else ()), _fmt(s["seconds_per_step"], 2),
         )  # fmt: skip
     table.caption = (
-        "gen tokens: sampled in training (responses + mc's continuations); eval: mean held-out score; "
+        "gen tokens: sampled in training (responses + mc's continuations; a tree's shared prefixes once); eval: mean held-out score; "
         "eval length: eval response tokens; KL: KL(policy || reference) per response, the k3 estimate "
         "(unbiased, never negative; metrics' kl is k1); KL, seg len: last 5 steps"
         + (f"; critic EV: the critic's explained variance over the last {FIT_WINDOW} steps pooled (1 a perfect fit, "

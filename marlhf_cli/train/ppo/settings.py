@@ -59,7 +59,10 @@ def plan_run(config, given_flags: Sequence[str] = ()) -> RunPlan:
         rule = credit.make_rule(config)
     except ValueError as err:
         raise UserError(str(err)) from None
-    k = estimator.group_size if config.samples_per_prompt is None else config.samples_per_prompt
+    if estimator.leaves is not None:  # tree: K^D leaves per prompt (a --samples-per-prompt typed was refused above)
+        k = estimator.leaves(config)
+    else:
+        k = estimator.group_size if config.samples_per_prompt is None else config.samples_per_prompt
     plan = RunPlan(_name(config, estimator, rule, k), estimator, rule, k, config.rollout_batch_size * k)
     _check_combinations(config, plan)
     return plan
@@ -77,7 +80,7 @@ def _name(config, estimator: Estimator, rule: TerminationRule, k: int) -> str:
             raise UserError(f"--name '{config.name}': use letters, digits, '.', '_' and '-' only")
         return config.name
     suffix = "" if config.loss_aggregation == "token-mean" else f"-{config.loss_aggregation}"
-    suffix += "" if k == estimator.group_size else f"-k{k}"
+    suffix += "" if k == estimator.group_size or estimator.leaves is not None else f"-k{k}"
     ratio = "" if config.ratio == "token" else f"-{config.ratio}-ratio"
     if not estimator.segments:
         return config.advantage + ratio + suffix
@@ -86,6 +89,11 @@ def _name(config, estimator: Estimator, rule: TerminationRule, k: int) -> str:
         name = f"mc-{name}"
         name += "" if config.mc_rollouts == 2 else f"-m{config.mc_rollouts}"
         name += "" if not _cap_binds(config, rule) else f"-b{config.mc_max_boundaries}"
+        return name + ratio + suffix
+    if estimator.name == "tree":  # tree-<rule>[-b<K>][-d<D>]: K^D leaves per prompt
+        name = f"tree-{name}"
+        name += "" if config.tree_branches == 2 else f"-b{config.tree_branches}"
+        name += "" if config.tree_depth == 2 else f"-d{config.tree_depth}"
         return name + ratio + suffix
     if credit.is_vanilla(rule):
         return "vanilla" + suffix
@@ -111,6 +119,11 @@ def _check_flags_apply(config, estimator: Estimator, given_flags: Sequence[str])
     them (critic or macro-action flags with rloo/grpo, critic flags with mc, mc's flags with
     the others) are a user error: they could only be silently ignored. Values from a preset or
     a config file simply do not apply, and the start-up line says what runs."""
+    if estimator.leaves is not None and "--samples-per-prompt" in given_flags:
+        raise UserError(
+            f"--advantage {config.advantage} samples its own responses per prompt: --samples-per-prompt does not "
+            f"apply (drop it; --tree-branches K and --tree-depth D make K^D)"
+        )
     ignored = [flag for flag in given_flags if flag[2:].replace("-", "_") not in estimator.reads]
     if ignored:
         fields = [flag[2:].replace("-", "_") for flag in ignored]

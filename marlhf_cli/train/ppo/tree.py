@@ -1,0 +1,233 @@
+"""Tree rollouts for ``--advantage tree`` (docs/method.md "Tree rollouts over macro actions").
+
+One prompt's tree has branching factor K (``--tree-branches``) and depth D (``--tree-depth``);
+it is sampled as K^D whole responses, its leaves, and nothing sampled is thrown away:
+
+1. K completions of the prompt are drawn, each to EOS or ``--max-new-tokens``. Each is a path;
+   its current node starts at response position 0.
+2. At each level d = 1 .. D - 1, every path's node ends at the first boundary the termination
+   rule puts after the node's start in that path's text (the rule cuts the whole response as
+   it would any response). The node gets K children: the path itself goes on as child 0
+   (its next macro action is the rest of its own completion), and K - 1 new completions are
+   drawn from prompt + response[:boundary]. A path with no boundary left (it ended within
+   this node) cannot branch: its K children are copies of it with empty macro actions, so the
+   subtree's value is its return and its tokens keep the weight of a node of their level.
+3. After level D - 1 the K^D paths are the leaves, in the order of their base-K digits.
+
+A node's K - 1 new children share one forward over its prefix (the sampler copies its KV cache
+to the K - 1 rows: ``repeats``); the prompt and the path so far are read once per level that
+branches from them.
+
+Randomness: completion (tree, level, node, child) draws its tokens from its own generator,
+seeded with derived_seed(seed, step, the tree's first sample number, level, node, child), as
+mc's continuations are: its draws depend neither on the rest of the batch nor on the process,
+and a resumed run samples the same tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ...generation import sample, texts
+from ...seeding import derived_seed
+from ...macro import TerminationRule, segment_batch
+from ..forward import policy_forward, resident
+from .continuations import budgeted_mask, row_uniforms
+from .credit import response_texts
+from .experience import RolloutSettings, batched_forward
+
+# (prompt ids, prompt mask, response ids, response mask, the tree of each row) of whole paths
+# in; (their segment ids [N, T], the texts the rule could not parse) out: the termination
+# rule, given the reference log-probs or the text it reads (rule_segmenter)
+Segmenter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]], tuple[torch.Tensor, int]]
+
+
+@dataclass
+class _Path:
+    tokens: list[int]  # the response so far: the path's prefix, then its latest completion
+    eos: bool  # its completion ended with a stop token
+    starts: list[int]  # where each level's node after the first begins (response positions)
+
+    @property
+    def start(self) -> int:
+        return self.starts[-1] if self.starts else 0
+
+
+@dataclass
+class TreeRollout:
+    """The leaves of a batch of trees, as a rollout's responses."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded, N = trees x K^D
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor  # [N, T] pad after the end
+    mask: torch.Tensor  # [N, T] long, real up to and including the stop token
+    has_eos: torch.Tensor  # [N] bool
+    branch_positions: torch.Tensor  # [N, D - 1] where the level 2 .. D nodes begin
+    sampled_tokens: int  # real tokens drawn (each completion up to its stop token)
+    completions: int  # sampler rows drawn: K per tree, then K - 1 per node that branched
+    fallbacks: int  # paths a text rule could not parse at a branching (cut by fixed n instead)
+
+    @property
+    def shared_tokens(self) -> int:
+        """Real tokens of the leaves that were not drawn for them: the prefixes they share."""
+        return int(self.mask.sum()) - self.sampled_tokens
+
+
+def tree_seed(seed: int, step: int, tree_number: int, level: int, node: int, child: int) -> int:
+    """The seed of one completion: of the run, the step, the tree (its first response's global
+    sample number), the level it is drawn at (0: from the prompt), the node within its level
+    and the child (0 .. K - 1)."""
+    return derived_seed(seed, step, tree_number, level, node, child, "tree")
+
+
+def _left_padded(rows: Sequence[torch.Tensor], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = row
+        mask[index, width - len(row) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def sample_tree(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    settings: RolloutSettings,
+    *,
+    branches: int,
+    depth: int,
+    segmenter: Segmenter,
+    seeds: Callable[[int, int, int, int], int],
+    device="cpu",
+) -> TreeRollout:
+    """Sample the trees of ``prompts`` (K^D consecutive equal prompts per tree).
+
+    ``settings``: the rollout's (temperature, top-k/p, the longest response, stop tokens);
+    ``seeds(tree, level, node, child)``: the seed of a completion (tree: its index in this
+    batch); ``segmenter``: the termination rule on whole paths (see :data:`Segmenter`)."""
+    leaves = branches**depth
+    if len(prompts) % leaves:
+        raise ValueError(f"{len(prompts)} prompts do not split into trees of {leaves} leaves")
+    stop, pad = (tokenizer.eos_token_id, *settings.stop_token_ids), tokenizer.pad_token_id
+    longest = settings.max_new_tokens
+    prompt_ids, prompt_mask = texts.tokenize_prompts(tokenizer, prompts[::leaves], settings.max_prompt_length, device)
+    prompt_rows = [ids[m.bool()] for ids, m in zip(prompt_ids, prompt_mask)]
+    trees = len(prompt_rows)
+    counts = {"tokens": 0, "rows": 0, "fallbacks": 0}
+
+    def draw(prefixes: list[tuple[int, list[int]]], level: int, nodes: list[int], children: int) -> list[list[tuple[list[int], bool]]]:
+        """``children`` completions of each (tree, response prefix), seeded by (tree, level,
+        node, child 1 .. children when drawn from a branch point, 0 .. children - 1 at the root)."""
+        if not prefixes:
+            return []
+        first = 0 if level == 0 else 1
+        rows = [torch.cat([prompt_rows[t], torch.tensor(p, dtype=torch.long, device=device)]) for t, p in prefixes]
+        ids, mask = _left_padded(rows, pad, device)
+        budgets = torch.tensor([longest - len(p) for _, p in prefixes], device=device).repeat_interleave(children)
+        row_seeds = [seeds(t, level, node, first + c) for (t, _), node in zip(prefixes, nodes) for c in range(children)]
+        width = int(budgets.max())
+        drawn = sample(
+            model, ids, mask, settings.sampling_for(width), eos_token_id=stop, pad_token_id=pad,
+            uniforms=row_uniforms(row_seeds, budgets.tolist(), width).to(device), budgets=budgets, repeats=children,
+        )  # fmt: skip
+        real, ended = budgeted_mask(drawn, budgets, stop)
+        counts["tokens"] += int(real.sum())
+        counts["rows"] += len(row_seeds)
+        out = []
+        for index in range(len(prefixes)):
+            rows_of = range(index * children, (index + 1) * children)
+            out.append([(drawn[r, : int(real[r].sum())].tolist(), bool(ended[r])) for r in rows_of])
+        return out
+
+    # level 0: K completions of each prompt
+    paths = [_Path(tokens, eos, []) for tree in draw([(t, []) for t in range(trees)], 0, [0] * trees, branches) for tokens, eos in tree]
+    for level in range(1, depth):
+        ends, fallbacks = _node_ends(paths, segmenter, prompt_ids, prompt_mask, per_tree=branches**level, pad=pad, device=device)
+        counts["fallbacks"] += fallbacks
+        per_tree = branches**level  # nodes of this level in one tree, in order
+        branching = [i for i, (path, end) in enumerate(zip(paths, ends)) if end < len(path.tokens)]
+        fresh = draw(
+            [(i // per_tree, paths[i].tokens[: ends[i]]) for i in branching], level, [i % per_tree for i in branching], branches - 1
+        )
+        new_children = dict(zip(branching, fresh))
+        grown: list[_Path] = []
+        for index, (path, end) in enumerate(zip(paths, ends)):
+            starts = path.starts + [end]
+            grown.append(_Path(path.tokens, path.eos, starts))  # child 0: the path goes on
+            if index in new_children:
+                grown += [_Path(path.tokens[:end] + tokens, eos, starts) for tokens, eos in new_children[index]]
+            else:  # ended within its node: copies with empty macro actions below it
+                grown += [_Path(path.tokens, path.eos, starts) for _ in range(branches - 1)]
+        paths = grown
+    return _as_rollout(paths, prompt_ids, prompt_mask, leaves, depth, pad, counts, device)
+
+
+def _node_ends(paths: list[_Path], segmenter: Segmenter, prompt_ids, prompt_mask, *, per_tree: int, pad: int, device) -> tuple[list[int], int]:
+    """Each path's current node's end (the first position after its start where the rule
+    begins a segment, or the path's length when there is none), and the rule's fallbacks."""
+    response_ids, mask = _right_padded([p.tokens for p in paths], pad, device)
+    owners = torch.arange(len(paths), device=device) // per_tree
+    segment_ids, fallbacks = segmenter(prompt_ids[owners], prompt_mask[owners], response_ids, mask, owners.tolist())
+    begins = torch.zeros_like(mask, dtype=torch.bool)
+    begins[:, 1:] = mask[:, 1:].bool() & (segment_ids[:, 1:].to(mask.device) != segment_ids[:, :-1].to(mask.device))
+    ends = []
+    for row, path in enumerate(paths):
+        later = begins[row, path.start + 1 :].nonzero()
+        ends.append(path.start + 1 + int(later[0]) if len(later) else len(path.tokens))
+    return ends, fallbacks
+
+
+def _right_padded(rows: Sequence[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = torch.tensor(row, dtype=torch.long, device=device)
+        mask[index, : len(row)] = 1
+    return ids, mask
+
+
+def _as_rollout(paths: list[_Path], prompt_ids, prompt_mask, leaves: int, depth: int, pad: int, counts, device) -> TreeRollout:
+    response_ids, mask = _right_padded([p.tokens for p in paths], pad, device)
+    owners = torch.arange(len(paths), device=device) // leaves
+    branch_positions = torch.tensor([p.starts for p in paths], dtype=torch.long, device=device).reshape(len(paths), depth - 1)
+    return TreeRollout(
+        prompt_ids=prompt_ids[owners], prompt_mask=prompt_mask[owners], response_ids=response_ids, mask=mask,
+        has_eos=torch.tensor([p.eos for p in paths], device=device), branch_positions=branch_positions,
+        sampled_tokens=counts["tokens"], completions=counts["rows"], fallbacks=counts["fallbacks"],
+    )  # fmt: skip
+
+
+def rule_segmenter(rule: TerminationRule, tokenizer, *, reference, settings: RolloutSettings, tree_seeds: Sequence[int],
+                   device, executor=None) -> Segmenter:  # fmt: skip
+    """The termination rule on whole paths, as credit assignment cuts responses: ``ppl`` reads
+    the reference's log-probs of the path (one forward per branching level), ``parsing`` and
+    ``code`` its text with the span of every generated id, ``randomized`` one seed per tree
+    (``tree_seeds[tree]``), so that the paths of a tree are cut alike."""
+
+    def segment(prompt_ids, prompt_mask, response_ids, mask, trees):
+        texts = spans = refs = None
+        if rule.needs_text:
+            texts, spans = response_texts(tokenizer, response_ids, mask)
+        if rule.name == "ppl":
+            sequences = torch.cat([prompt_ids, response_ids], dim=1)
+            attention = torch.cat([prompt_mask, mask], dim=1)
+            plen = prompt_ids.shape[1]
+            with resident(reference, device, settings.offload_frozen):
+                refs = batched_forward(
+                    lambda s: policy_forward(reference, sequences[s], attention[s], plen, settings.temperature)[0],
+                    sequences.shape[0], settings.forward_batch_size,
+                )  # fmt: skip
+        segment_ids, stats = segment_batch(
+            rule, mask.cpu(), texts=texts, offsets=spans, ref_logprobs=None if refs is None else refs.cpu(),
+            sample_seeds=[tree_seeds[t] for t in trees], executor=executor,
+        )  # fmt: skip
+        return segment_ids, stats.fallbacks
+
+    return segment
