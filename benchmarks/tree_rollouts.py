@@ -26,7 +26,7 @@ results and every deviation):
   and tokens per step come from the same run of this script on one machine (ratios only).
 
 ``--timing``: the cost at equal responses per step, on a quiet machine, one process and one
-thread: each arm 8 steps on ``target`` at rate 0.03, in 3 interleaved rounds (seeds 100-102);
+thread: each arm 8 steps on ``target`` at rate 0.03, in 5 interleaved rounds (seeds 100-104);
 median step time and its ratio to rloo's, and tokens generated per step.
 
 Each run is the PPO stage's own ``ppo.run`` through the study's runner (studies/credit/runs.py),
@@ -183,7 +183,7 @@ def print_table(rows: list[dict]) -> None:
               f"| {r['tokens_per_step']:,.0f} | {r['step_time']:.2f} | {r['final_score']:.3f} |")  # fmt: skip
 
 
-def timing(rounds: int = 3, steps: int = 8) -> None:
+def timing(rounds: int = 5, steps: int = 8) -> None:
     """Step time and generated tokens per step of each arm, interleaved rounds in this process."""
     import torch
 
