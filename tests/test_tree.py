@@ -355,6 +355,26 @@ def test_options_names_and_errors(tmp_path):
             config_module.resolve("ppo", flags={"advantage": "tree", **flags})
 
 
+@pytest.mark.parametrize("branches,depth,termination,ratio", [
+    (2, 2, "fixed", "token"), (3, 2, "ppl", "token"), (2, 3, "randomized", "macro"), (4, 1, "fixed", "token"),
+])  # fmt: skip
+def test_the_hint_for_a_tree_name_makes_a_run_of_that_name(branches, depth, termination, ratio):
+    """--compare with a missing tree run names the flags that make it: the name round-trips."""
+    import shlex
+
+    from marlhf_cli.train import ppo
+    from marlhf_cli.train.ppo import report
+
+    flags = dict(advantage="tree", termination=termination, tree_branches=branches, tree_depth=depth, ratio=ratio)
+    if termination == "fixed":
+        flags["n"] = 4
+    name = ppo.run_name(config_module.resolve("ppo", flags=flags))
+    words = shlex.split(report.options_for(name))
+    again = {flag[2:].replace("-", "_"): value for flag, value in zip(words[::2], words[1::2])}
+    assert again["advantage"] == "tree" and ppo.run_name(config_module.resolve("ppo", flags=again)) == name
+    assert report.options_for("tree-rloo") is None and report.options_for("tree-fixed4-k8") is None
+
+
 # ---------------------------------------------------------------------------------------
 # the stage end to end
 

@@ -132,8 +132,9 @@ def print_final_table(name: str, history: list[dict], metrics: dict) -> None:
 
 
 _DERIVED_NAME = re.compile(
-    r"(?P<mc>mc-)?(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|rloo|grpo)"
-    r"(?:-(?P<value>unit|position|first))?(?:-m(?P<m>\d+))?(?:-b(?P<b>\d+))?(?P<macro>-macro-ratio)?(?:-k(?P<k>\d+))?"
+    r"(?:(?P<mc>mc-)|(?P<tree>tree-))?(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|rloo|grpo)"
+    r"(?:-(?P<value>unit|position|first))?(?:-m(?P<m>\d+))?(?:-b(?P<b>\d+))?(?:-d(?P<d>\d+))?(?P<macro>-macro-ratio)?"
+    r"(?:-k(?P<k>\d+))?"
 )
 
 
@@ -143,11 +144,13 @@ def options_for(name: str) -> str | None:
     match = _DERIVED_NAME.fullmatch(name)
     if match is None:
         return None
-    rule = match["rule"]
-    mc_parts = match["m"] or match["b"]
-    if match["mc"] and (rule in ("vanilla", "rloo", "grpo") or match["value"]) or (mc_parts and not match["mc"]):
+    rule, sampled = match["rule"], match["mc"] or match["tree"]
+    if sampled and (rule in ("vanilla", "rloo", "grpo") or match["value"]):
         return None  # not a name run_name makes
-    flags = ["--advantage mc"] if match["mc"] else []
+    misplaced = (match["m"] and not match["mc"]) or (match["b"] and not sampled) or (match["d"] and not match["tree"])
+    if misplaced or (match["tree"] and match["k"]):
+        return None  # -m is mc's, -b mc's or tree's, -d tree's; a tree's group size is K^D
+    flags = ["--advantage mc"] if match["mc"] else ["--advantage tree"] if match["tree"] else []
     if rule in ("rloo", "grpo"):
         flags.append(f"--advantage {rule}")
     elif rule == "vanilla":
@@ -159,7 +162,9 @@ def options_for(name: str) -> str | None:
     if match["m"]:
         flags.append(f"--mc-rollouts {match['m']}")
     if match["b"]:
-        flags.append(f"--mc-max-boundaries {match['b']}")
+        flags.append(f"--tree-branches {match['b']}" if match["tree"] else f"--mc-max-boundaries {match['b']}")
+    if match["d"]:
+        flags.append(f"--tree-depth {match['d']}")
     if match["value"]:
         flags.append(f"--value-function {match['value']}")
     if match["macro"]:

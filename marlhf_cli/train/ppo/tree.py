@@ -148,9 +148,9 @@ def sample_tree(
     # level 0: K completions of each prompt
     paths = [_Path(tokens, eos, []) for tree in draw([(t, []) for t in range(trees)], 0, [0] * trees, branches) for tokens, eos in tree]
     for level in range(1, depth):
-        ends, fallbacks = _node_ends(paths, segmenter, prompt_ids, prompt_mask, per_tree=branches**level, pad=pad, device=device)
-        counts["fallbacks"] += fallbacks
         per_tree = branches**level  # nodes of this level in one tree, in order
+        ends, fallbacks = _node_ends(paths, segmenter, prompt_ids, prompt_mask, per_tree=per_tree, pad=pad, device=device)
+        counts["fallbacks"] += fallbacks
         branching = [i for i, (path, end) in enumerate(zip(paths, ends)) if end < len(path.tokens)]
         fresh = draw(
             [(i // per_tree, paths[i].tokens[: ends[i]]) for i in branching], level, [i % per_tree for i in branching], branches - 1
