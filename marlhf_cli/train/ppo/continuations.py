@@ -62,8 +62,13 @@ def _prefixes(experience, plan: BoundaryPlan, pad_token_id: int) -> tuple[torch.
     for row, position in zip(plan.rows.tolist(), plan.positions.tolist()):
         prompt = experience.sequences[row, :prompt_length][experience.attention_mask[row, :prompt_length].bool()]
         rows.append(torch.cat([prompt, experience.response_ids[row, :position]]))
+    return left_padded(rows, pad_token_id, experience.sequences.device)
+
+
+def left_padded(rows: Sequence[torch.Tensor], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, W] ids of token rows of any lengths, left-padded (the sampler's prompt layout), and their mask."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long, device=experience.sequences.device)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long, device=device)
     mask = torch.zeros_like(ids)
     for index, row in enumerate(rows):
         ids[index, width - len(row) :] = row

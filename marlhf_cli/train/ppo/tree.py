@@ -27,16 +27,17 @@ and a resumed run samples the same tree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import torch
 
 from ...generation import sample, texts
 from ...seeding import derived_seed
-from ...macro import TerminationRule, segment_batch
+from ...macro import TerminationRule
 from ..forward import policy_forward, resident
-from .continuations import budgeted_mask, row_uniforms
-from .credit import response_texts
+from .continuations import budgeted_mask, left_padded, row_uniforms
+from .credit import segment_responses
 from .experience import RolloutSettings, batched_forward
 
 # (prompt ids, prompt mask, response ids, response mask, the tree of each row) of whole paths
@@ -83,16 +84,6 @@ def tree_seed(seed: int, step: int, tree_number: int, level: int, node: int, chi
     return derived_seed(seed, step, tree_number, level, node, child, "tree")
 
 
-def _left_padded(rows: Sequence[torch.Tensor], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for index, row in enumerate(rows):
-        ids[index, width - len(row) :] = row
-        mask[index, width - len(row) :] = 1
-    return ids, mask
-
-
 @torch.no_grad()
 def sample_tree(
     model,
@@ -128,7 +119,7 @@ def sample_tree(
             return []
         first = 0 if level == 0 else 1
         rows = [torch.cat([prompt_rows[t], torch.tensor(p, dtype=torch.long, device=device)]) for t, p in prefixes]
-        ids, mask = _left_padded(rows, pad, device)
+        ids, mask = left_padded(rows, pad, device)
         budgets = torch.tensor([longest - len(p) for _, p in prefixes], device=device).repeat_interleave(children)
         row_seeds = [seeds(t, level, node, first + c) for (t, _), node in zip(prefixes, nodes) for c in range(children)]
         width = int(budgets.max())
@@ -212,10 +203,8 @@ def rule_segmenter(rule: TerminationRule, tokenizer, *, reference, settings: Rol
     (``tree_seeds[tree]``), so that the paths of a tree are cut alike."""
 
     def segment(prompt_ids, prompt_mask, response_ids, mask, trees):
-        texts = spans = refs = None
-        if rule.needs_text:
-            texts, spans = response_texts(tokenizer, response_ids, mask)
-        if rule.name == "ppl":
+        refs = None
+        if rule.name == "ppl":  # the one rule that reads the reference: its log-probs of the paths
             sequences = torch.cat([prompt_ids, response_ids], dim=1)
             attention = torch.cat([prompt_mask, mask], dim=1)
             plen = prompt_ids.shape[1]
@@ -224,10 +213,10 @@ def rule_segmenter(rule: TerminationRule, tokenizer, *, reference, settings: Rol
                     lambda s: policy_forward(reference, sequences[s], attention[s], plen, settings.temperature)[0],
                     sequences.shape[0], settings.forward_batch_size,
                 )  # fmt: skip
-        segment_ids, stats = segment_batch(
-            rule, mask.cpu(), texts=texts, offsets=spans, ref_logprobs=None if refs is None else refs.cpu(),
-            sample_seeds=[tree_seeds[t] for t in trees], executor=executor,
-        )  # fmt: skip
+        paths = SimpleNamespace(mask=mask, response_ids=response_ids, ref_logp=refs)  # what credit assignment reads of a rollout
+        segment_ids, stats = segment_responses(
+            paths, rule, tokenizer=tokenizer, sample_seeds=[tree_seeds[t] for t in trees], executor=executor
+        )
         return segment_ids, stats.fallbacks
 
     return segment
