@@ -38,6 +38,7 @@ a smoke test.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -206,6 +207,58 @@ def timing(rounds: int = 5, steps: int = 8) -> None:
         print(f"| {arm} | {median:.3f} | {median / base:.2f} | {per_round} | {statistics.median(n for _, n in runs):,.0f} |")
 
 
+def cache_timing(rounds: int = 5, model_name: str = "random:smollm2-135m") -> None:
+    """The tree sampler alone, its children started from their parent's cache rows against
+    reading every node's prompt and path again, in interleaved rounds in this process: 2 trees
+    of K=2, D=3 branching every 8 tokens, 24-token responses, the embedded TL;DR sample's first
+    two posts as prompts (SmolLM2-135M's shape, random init, fp32, one thread)."""
+    import time
+    from unittest import mock
+
+    import torch
+
+    from marlhf_cli import models
+    from marlhf_cli.data import tldr
+    from marlhf_cli.macro import TerminationRule
+    from marlhf_cli.train.ppo import tree
+    from marlhf_cli.train.ppo.experience import RolloutSettings
+
+    torch.set_num_threads(1)
+    tokenizer = models.load_tokenizer(model_name, padding_side="left")
+    model = models.load_causal_lm(model_name).eval()
+    branches, depth, leaves = 2, 3, 8
+    sample = (Path(tldr.__file__).parent / "samples" / "tldr.jsonl").read_text().splitlines()[:2]
+    posts = [json.loads(line)["info"] for line in sample]
+    prompts = [tldr.format_prompt(p["subreddit"], p["title"], p["post"]) for p in posts for _ in range(leaves)]
+    settings = RolloutSettings(max_new_tokens=24, max_prompt_length=512, top_k=0, temperature=0.9)
+    rule = TerminationRule("fixed", n=8)
+    segmenter = tree.rule_segmenter(rule, tokenizer, reference=model, settings=settings, tree_seeds=[0, 1], device="cpu")
+
+    def once(reuse: bool, seed: int):
+        with mock.patch.object(tree, "_start_cache", tree._start_cache if reuse else (lambda *args: None)):
+            started = time.perf_counter()
+            drawn = tree.sample_tree(model, tokenizer, prompts, settings, branches=branches, depth=depth, segmenter=segmenter,
+                                     seeds=lambda t, level, node, child: tree.tree_seed(seed, 0, t, level, node, child))  # fmt: skip
+            return time.perf_counter() - started, drawn
+
+    seen: dict[bool, list[float]] = {True: [], False: []}
+    for round_ in range(rounds):
+        for reuse in (False, True):
+            seconds, drawn = once(reuse, 100 + round_)
+            seen[reuse].append(seconds)
+            if reuse:
+                tokens, cached = drawn.sampled_tokens, drawn.cached_prefix_tokens
+    prompt_tokens = [int(m.sum()) for m in drawn.prompt_mask[::leaves]]
+    print(f"# {model_name}, prompts of {prompt_tokens} tokens, K={branches} D={depth} fixed 8, 24-token responses; "
+          f"last round: {tokens} tokens drawn, {cached} prefix tokens not read again")  # fmt: skip
+    print(f"| sampler | s per batch of 2 trees, median of {rounds} | / reading again | per round |")
+    print("|---|---:|---:|---|")
+    base = statistics.median(seen[False])
+    for reuse, label in ((False, "every level reads its prefixes again"), (True, "children start from the parent's rows")):
+        per_round = ", ".join(f"{t / b:.2f}" for t, b in zip(seen[reuse], seen[False]))
+        print(f"| {label} | {statistics.median(seen[reuse]):.2f} | {statistics.median(seen[reuse]) / base:.2f} | {per_round} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
@@ -213,10 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=BENCH.parent / "docs" / "results" / "tree-rollouts")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 8-10 token responses, budget 768: a smoke test")
     parser.add_argument("--timing", action="store_true", help="only the step time and tokens per step of each arm")
+    parser.add_argument("--cache", action="store_true", help="only the tree sampler with and without its parents' cache rows")
     args = parser.parse_args(argv)
-    if args.timing:
+    if args.timing or args.cache:
         print(H.machine_line())
-        timing()
+        timing() if args.timing else cache_timing()
         return 0
     tasks, budget = (QUICK_TASKS, QUICK_BUDGET) if args.quick else (TASKS, BUDGET)
     if args.quick:

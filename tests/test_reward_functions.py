@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 
 from marlhf_cli import config as config_module
 from marlhf_cli.errors import UserCodeError, UserError
-from marlhf_cli.rewards.function import FunctionReward, load_function, parse_spec, record_fields
+from marlhf_cli.rewards.function import FunctionReward, load_function, record_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -77,3 +77,96 @@ def test_cached_steps_give_the_full_forwards_log_probs(llama, top_k):
     with torch.no_grad():
         full, _ = policy_forward(llama, seq, att, prompt.shape[1], 0.7)
     assert torch.allclose(logp[real.bool()], full[real.bool()], atol=2e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# keys and values carried from one call to the next (generation/cache_rows.py; the tree's
+# children start from their parent's rows)
+
+
+def test_realigned_rows_are_the_slices_moved_to_the_right_end():
+    from marlhf_cli.generation.cache_rows import CacheRows, Slice, realigned
+
+    generator = torch.Generator().manual_seed(3)
+    sources = [
+        CacheRows([torch.randn(3, 2, columns, 4, generator=generator) for _ in range(2)],
+                  [torch.randn(3, 2, columns, 4, generator=generator) for _ in range(2)])  # fmt: skip
+        for columns in (5, 9)
+    ]
+    for _ in range(20):
+        width = int(torch.randint(1, 10, (), generator=generator))
+        slices = []
+        for _ in range(4):
+            source = sources[int(torch.randint(0, 2, (), generator=generator))]
+            end = int(torch.randint(0, source.columns + 1, (), generator=generator))
+            length = int(torch.randint(0, min(end, width) + 1, (), generator=generator))
+            slices.append(Slice(source, int(torch.randint(0, 3, (), generator=generator)), end, length))
+        out = realigned(slices, width)
+        for side in ("keys", "values"):
+            for layer in range(2):
+                expected = torch.zeros(4, 2, width, 4)
+                for row, piece in enumerate(slices):  # the plain loop
+                    source = getattr(piece.source, side)[layer][piece.row]
+                    for j in range(piece.length):
+                        expected[row, :, width - piece.length + j] = source[:, piece.end - piece.length + j]
+                assert torch.equal(getattr(out, side)[layer], expected)
+    with pytest.raises(ValueError):
+        realigned([Slice(sources[0], 0, 5, 4)], 3)
+
+
+def _left_padded(rows, pad=0):
+    from marlhf_cli.train.ppo.continuations import left_padded
+
+    return left_padded([torch.tensor(r) for r in rows], pad, "cpu")
+
+
+@pytest.mark.parametrize("generation", ["eager", "compiled"])
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_starting_from_an_earlier_calls_cache_draws_what_reading_the_prefix_draws(llama, generation, repeats):
+    """Prefixes cut from the responses of two earlier calls (prompts of different lengths,
+    so the rows move) sampled from their kept cache rows: the same tokens and log-probs as
+    sampled after a forward over the prefixes, and the kept cache is again a start."""
+    from marlhf_cli.generation.cache_rows import Slice, realigned
+    from marlhf_cli.generation.compiled import sampler_for
+
+    params = SamplingParams(1.0, 0, 1.0, 8, generation=generation)
+    calls, slices, prefixes = [], [], []
+    for prompts in ([[5, 6, 7], [8, 9, 10, 11, 12]], [[13, 14], [15, 16, 17, 18]]):
+        ids, mask = _left_padded(prompts)
+        torch.manual_seed(len(calls))
+        (drawn, _), kept = sample(llama, ids, mask, params, eos_token_id=[], pad_token_id=0, with_logprobs=True, keep_cache=True)
+        assert kept is not None and kept.rows == 2 and kept.columns >= ids.shape[1] + 8 - 1
+        calls.append(kept)
+        for row, prompt in enumerate(prompts):
+            cut = 2 + row  # response[:cut] is the new prefix
+            prefixes.append(prompt + drawn[row, :cut].tolist())
+            end = ids.shape[1] + cut - 1  # the column of the prefix's last token, fed again
+            slices.append(Slice(kept, row, end, len(prefixes[-1]) - 1))
+    ids, mask = _left_padded(prefixes)
+    start = realigned(slices, ids.shape[1] - 1)
+    uniforms = torch.rand((len(prefixes) * repeats, 8), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    common = dict(eos_token_id=[], pad_token_id=0, with_logprobs=True, uniforms=uniforms, repeats=repeats)
+    read_again = sample(llama, ids, mask, params, **common)
+    steps_before = sampler_for(llama).steps
+    (tokens, logprobs), kept = sample(llama, ids, mask, params, start=start, keep_cache=True, **common)
+    assert (sampler_for(llama).steps > steps_before) == (generation == "compiled")  # it ran, not the eager fallback
+    assert torch.equal(tokens, read_again[0])
+    assert torch.allclose(logprobs, read_again[1], atol=2e-5, rtol=0)
+    assert kept.rows == len(prefixes) * repeats and kept.columns >= ids.shape[1] + 8 - 1
+    with pytest.raises(ValueError, match="start cache"):
+        sample(llama, ids[:, 1:], mask[:, 1:], params, start=start, **common)
+
+
+def test_only_full_attention_caches_travel():
+    from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
+
+    from marlhf_cli.generation.cache_rows import CacheRows, from_dynamic, to_dynamic
+
+    rows = CacheRows([torch.randn(2, 1, 3, 4)], [torch.randn(2, 1, 3, 4)])
+    again = from_dynamic(to_dynamic(rows))
+    assert torch.equal(again.keys[0], rows.keys[0]) and again.keys[0] is not rows.keys[0]
+    windowed = DynamicCache()
+    windowed.layers = [DynamicSlidingWindowLayer(sliding_window=2)]
+    windowed.update(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
+    assert from_dynamic(windowed) is None
+    assert from_dynamic(DynamicCache()) is None  # nothing in it yet

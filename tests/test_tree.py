@@ -238,6 +238,44 @@ def test_a_completion_draws_what_it_draws_alone_and_compiled_draws_what_eager_dr
     assert _paths(other_seed) != _paths(together)
 
 
+def test_children_start_from_their_parents_cache_rows_and_draw_what_a_fresh_read_draws(models, monkeypatch, capsys):
+    """Depth 3, so that level 2's calls start from rows of level 0's and level 1's calls at
+    once: the tree is the one drawn when every call reads its prefixes again, and the prefixes
+    it did not read again are every branching node's prompt and path but the fed last token."""
+    from marlhf_cli.macro import TerminationRule
+    from marlhf_cli.train.ppo import tree
+
+    rule = TerminationRule("fixed", n=3)
+    for generation in ("eager", "compiled"):
+        cached = _sample(models, rule, depth=3, settings=_settings(generation=generation))
+        with monkeypatch.context() as patched:
+            patched.setattr(tree, "_start_cache", lambda *args: None)
+            read_again = _sample(models, rule, depth=3, settings=_settings(generation=generation))
+        assert _paths(cached) == _paths(read_again)
+        assert torch.equal(cached.branch_positions, read_again.branch_positions)
+        assert read_again.cached_prefix_tokens == 0
+        # every node that branched (levels 1 and 2) sent its prompt and path but the last token
+        expected, leaves = 0, 8
+        prompt_lengths = [int(m.sum()) for m in cached.prompt_mask[::leaves]]
+        paths = _paths(cached)
+        for level, block in ((1, 4), (2, 2)):  # leaves below one node of the level
+            for first in range(0, len(paths), block):
+                end = int(cached.branch_positions[first, level - 1])
+                if end < len(paths[first]):  # it branched: its path went on past its end
+                    expected += prompt_lengths[first // leaves] + end - 1
+        assert cached.cached_prefix_tokens == expected > 0
+    # a model whose cache does not travel (a sliding-window layer): the prefixes are read
+    # again, the same tree, and the run is told once
+    from marlhf_cli.generation import eager
+
+    tree._say_once.cache_clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(eager, "from_dynamic", lambda cache: None)
+        untravelled = _sample(models, rule, depth=3)
+    assert _paths(untravelled) == _paths(cached) and untravelled.cached_prefix_tokens == 0
+    assert "each level reads its nodes' prompt and path again" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("rule_name", ["fixed", "randomized", "ppl", "parsing", "code"])
 def test_every_rule_branches_where_it_ends_a_macro_action(models, rule_name):
     from marlhf_cli.macro import TerminationRule

@@ -8,6 +8,8 @@ rollouts and Monte-Carlo continuations, bon, pass@k rewards) and above nothing o
   (``--generation compiled``), with its buckets, memory checks and fallbacks.
 - ``static_cache.py``: the cache whose tensors never move and one bucket's step.
 - ``attention.py``: the decoding step's attention over that cache.
+- ``cache_rows.py``: keys and values kept from one call and given to the next (a tree's
+  children start from their parent's rows).
 """
 
 from .draw import SamplingParams, cache_argument, draw, filter_logits, response_mask, stops

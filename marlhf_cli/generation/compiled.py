@@ -21,6 +21,8 @@ How one call goes (:meth:`CompiledSampler.sample`):
    from the start.
 2. **Prefill** in one ordinary forward over the prompts (any width: nothing is recorded), each
    distinct prompt once; the cache rows are then copied to the prompt's ``repeats`` samples.
+   A call given a ``start`` (:mod:`.cache_rows`: the prompts' keys and values from an earlier
+   call, all columns but the last) copies them in instead and feeds only the last column.
 3. **Decode**: the recorded step, replayed once per token. The host reads "every row done"
    every :data:`CHECK_EVERY` tokens, not every token (each read waits for the GPU); the rows'
    own finishing steps, kept on the device, decide where the output ends, so it is the
@@ -78,8 +80,9 @@ from typing import Sequence
 import torch
 
 from .. import console
-from .draw import cache_argument, position_ids_from_mask, unwrap
-from .static_cache import Bucket, Shape, StaticCacheMismatch, cache_bytes, decode_mask, host_read, prefill_mask, unsupported
+from .cache_rows import CacheRows
+from .draw import cache_argument, unwrap
+from .static_cache import Bucket, Shape, StaticCacheMismatch, cache_bytes, host_read, unsupported
 
 MODES = ("auto", "eager", "compiled")
 CHECK_EVERY = 8  # tokens between the host's "every row done?" reads: each waits for the GPU
@@ -229,8 +232,10 @@ class CompiledSampler:
         uniforms: torch.Tensor | None,
         budgets: torch.Tensor | None,
         repeats: int,
+        start: CacheRows | None = None,
+        keep_cache: bool = False,
     ):
-        """:func:`.sampling.sample`'s result, or None when the static cache cannot serve the
+        """:func:`.eager.sample`'s result, or None when the static cache cannot serve the
         call (the caller samples eagerly, from the random state it would have had)."""
         if self.unfit is not None:
             return None
@@ -250,8 +255,11 @@ class CompiledSampler:
             bucket = self.bucket(net, shape)
             if bucket is None:
                 return None
-            _load(bucket, prompt_mask, params, rows=rows, steps=steps, repeats=repeats, uniforms=uniforms, budgets=budgets)
-            _prefill(bucket, net, prompt_ids, prompt_mask, repeats=repeats)
+            bucket.load(prompt_mask, params, rows=rows, steps=steps, repeats=repeats, uniforms=uniforms, budgets=budgets)
+            if start is None:
+                bucket.prefill(net, prompt_ids, prompt_mask, repeats=repeats)
+            else:
+                bucket.resume(net, start, prompt_ids, rows=rows, repeats=repeats)
             drawn = 1  # the prefill drew each row's first token
             while drawn < steps:
                 if drawn % CHECK_EVERY == 0 and bool(bucket.finished.all()):
@@ -275,58 +283,17 @@ class CompiledSampler:
             _restore_random_state(prompt_ids.device, random_state)
             torch.rand((end, rows), dtype=torch.float64)
         ids = bucket.tokens[:rows, :end].clone()
-        return (ids, bucket.logprobs[:rows, :end].clone()) if with_logprobs else ids
+        result = (ids, bucket.logprobs[:rows, :end].clone()) if with_logprobs else ids
+        if not keep_cache:
+            return result
+        written = width + drawn - 1  # the prompts, then every token fed after the first draw
+        kept = CacheRows(*([t[:rows, :, :written].clone() for t in side] for side in (bucket.cache.keys, bucket.cache.values)))
+        return result, kept
 
 
 def _failure(error: BaseException) -> str:
     first = (str(error).strip().splitlines() or [""])[0][:200]
     return f"the static-cache step failed ({type(error).__name__}: {first}); eager for the rest of the run"
-
-
-def _load(b: Bucket, prompt_mask, params, *, rows: int, steps: int, repeats: int, uniforms, budgets) -> None:
-    """Set every buffer the step reads for one call (rows beyond ``rows`` are padding, done
-    from the start)."""
-    distinct, width = prompt_mask.shape
-    b.valid.zero_()
-    b.valid[:distinct, :width] = prompt_mask.bool()
-    b.valid[:rows] = b.valid[:distinct].repeat_interleave(repeats, dim=0)
-    b.positions.zero_()
-    b.positions[:rows, 0] = prompt_mask.long().sum(dim=1).repeat_interleave(repeats)  # the next token's position
-    b.temperature.fill_(params.temperature)
-    b.top_p.fill_(params.top_p)
-    b.uniforms.zero_()
-    if uniforms is not None:
-        b.uniforms[:rows, :steps] = uniforms[:, :steps].to(b.uniforms.device, torch.float64)
-    else:  # the numbers the eager loop draws, one row of them per token
-        b.uniforms[:rows, :steps] = torch.rand((steps, rows), dtype=torch.float64, device=b.uniforms.device).T
-    b.budgets.fill_(steps)
-    if budgets is not None:
-        b.budgets[:rows] = budgets.to(b.budgets.device)
-    b.finished.zero_()
-    b.finished[rows:] = True
-    b.finish_step.fill_(steps - 1)  # a row that never finishes runs to the last column
-    b.finish_step[rows:] = -1
-    b.step.zero_()
-
-
-def _prefill(b: Bucket, net, prompt_ids, prompt_mask, *, repeats: int) -> None:
-    """The prompts' forward (each distinct prompt once) into the cache, and every row's first
-    token; then the step's inputs point at the column after the prompts."""
-    distinct, width = prompt_ids.shape
-    with b.cache.prefilling(width):
-        out = net(
-            input_ids=prompt_ids, attention_mask=prefill_mask(prompt_mask, b.shape.dtype),
-            position_ids=position_ids_from_mask(prompt_mask), use_cache=True, logits_to_keep=1,
-            **{b.cache_name: b.cache},
-        )  # fmt: skip
-    b.cache.repeat_rows(distinct, repeats)
-    last = out.logits[:, -1].float().repeat_interleave(repeats, dim=0)
-    logits = torch.zeros((b.shape.rows, last.shape[-1]), dtype=torch.float32, device=last.device)
-    logits[: last.shape[0]] = last
-    b.choose(logits)
-    b.cache.write_at.fill_(width)
-    b.valid[:, width] = True
-    b.mask.copy_(decode_mask(b.valid, b.shape.dtype))  # what the step reads from now on
 
 
 def _random_state(device: torch.device) -> torch.Tensor:

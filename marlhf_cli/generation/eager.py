@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from .cache_rows import CacheRows, from_dynamic, to_dynamic
 from .compiled import sampler_for
 from .draw import SamplingParams, cache_argument, draw, filter_logits, position_ids_from_mask, stops, unwrap
 
@@ -37,7 +38,9 @@ def sample(
     uniforms: torch.Tensor | None = None,
     budgets: torch.Tensor | None = None,
     repeats: int = 1,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    start: CacheRows | None = None,
+    keep_cache: bool = False,
+):
     """Sample responses for left-padded prompts: [B, T] ids, ``pad_token_id`` after EOS.
 
     ``eos_token_id``: the id, or ids, that end a response (under a chat template EOS and the
@@ -61,19 +64,28 @@ def sample(
     of the output, and of ``uniforms`` and ``budgets``), its prompt's forward run once and
     its KV cache shared by the copies.
 
+    ``start``: the keys and values of every column of ``prompt_ids`` but the last
+    (:mod:`.cache_rows`), from an earlier call: the prompts' forward then reads only their last
+    column. ``keep_cache``: return ``(result, cache)``, ``cache`` the :class:`.cache_rows.CacheRows`
+    of the columns this call wrote (prompt, then each fed token; one row per output row), or
+    None where the model's cache is not one that travels.
+
     ``params.generation`` ``compiled``: the same draws through a static KV cache, each
     token's step recorded once as a CUDA graph and replayed (:mod:`.compiled`);
     where that cannot be had (a model or shape it does not cover, a cache that does not fit)
     this loop samples, and the reason is said once.
     """
     net = unwrap(model)
+    if start is not None and (start.columns != prompt_ids.shape[1] - 1 or start.rows != prompt_ids.shape[0]):
+        raise ValueError(f"a start cache of {start.rows} x {start.columns} for prompts of {tuple(prompt_ids.shape)}")
     generation = params.generation
     if generation == "auto":  # not resolved at a stage's start (a benchmark, a test): by the device
         generation = "compiled" if prompt_ids.device.type == "cuda" else "eager"
     if generation == "compiled":
         compiled = sampler_for(net).sample(
             net, prompt_ids, prompt_mask, params, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-            with_logprobs=with_logprobs, uniforms=uniforms, budgets=budgets, repeats=repeats,
+            with_logprobs=with_logprobs, uniforms=uniforms, budgets=budgets, repeats=repeats, start=start,
+            keep_cache=keep_cache,
         )  # fmt: skip
         if compiled is not None:
             return compiled
@@ -88,6 +100,9 @@ def sample(
     positions = position_ids_from_mask(mask)
     cache_name = cache_argument(net)
     cache = None
+    if start is not None:  # the columns before the last were read by an earlier call
+        cache = to_dynamic(start)
+        next_input, positions = prompt_ids[:, -1:], positions[:, -1:]
     try:
         for step in range(params.max_new_tokens):
             out = net(
@@ -124,4 +139,5 @@ def sample(
     finally:
         net.train(was_training)
     ids = torch.stack(tokens, dim=1)
-    return (ids, torch.stack(logprobs, dim=1)) if with_logprobs else ids
+    result = (ids, torch.stack(logprobs, dim=1)) if with_logprobs else ids
+    return (result, from_dynamic(cache)) if keep_cache else result

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from .attention import decoding
-from .draw import cache_argument, draw, filter_logits, hugging_face_model
+from .cache_rows import CacheRows
+from .draw import cache_argument, draw, filter_logits, hugging_face_model, position_ids_from_mask
 
 # Architectures whose attention layers call ``cache.update`` and take a 4-D additive mask as
 # it is, and whose every layer attends to every earlier token (no sliding window, no
@@ -252,6 +253,79 @@ class Bucket:
         self.graph = None
         self.bytes = 0  # its estimated memory, set by the sampler that made it (compiled_sampling.bucket_bytes)
         self.replays = 0  # tokens drawn by replaying the recording (tests/test_gpu.py counts them)
+
+    def load(self, prompt_mask, params, *, rows: int, steps: int, repeats: int, uniforms, budgets) -> None:
+        """Set every buffer the step reads for one call (rows beyond ``rows`` are padding, done
+        from the start)."""
+        distinct, width = prompt_mask.shape
+        self.valid.zero_()
+        self.valid[:distinct, :width] = prompt_mask.bool()
+        self.valid[:rows] = self.valid[:distinct].repeat_interleave(repeats, dim=0)
+        self.positions.zero_()
+        self.positions[:rows, 0] = prompt_mask.long().sum(dim=1).repeat_interleave(repeats)  # the next token's position
+        self.temperature.fill_(params.temperature)
+        self.top_p.fill_(params.top_p)
+        self.uniforms.zero_()
+        if uniforms is not None:
+            self.uniforms[:rows, :steps] = uniforms[:, :steps].to(self.uniforms.device, torch.float64)
+        else:  # the numbers the eager loop draws, one row of them per token
+            self.uniforms[:rows, :steps] = torch.rand((steps, rows), dtype=torch.float64, device=self.uniforms.device).T
+        self.budgets.fill_(steps)
+        if budgets is not None:
+            self.budgets[:rows] = budgets.to(self.budgets.device)
+        self.finished.zero_()
+        self.finished[rows:] = True
+        self.finish_step.fill_(steps - 1)  # a row that never finishes runs to the last column
+        self.finish_step[rows:] = -1
+        self.step.zero_()
+
+    def prefill(self, net, prompt_ids, prompt_mask, *, repeats: int) -> None:
+        """The prompts' forward (each distinct prompt once) into the cache, and every row's first
+        token; then the step's inputs point at the column after the prompts."""
+        distinct, width = prompt_ids.shape
+        with self.cache.prefilling(width):
+            out = net(
+                input_ids=prompt_ids, attention_mask=prefill_mask(prompt_mask, self.shape.dtype),
+                position_ids=position_ids_from_mask(prompt_mask), use_cache=True, logits_to_keep=1,
+                **{self.cache_name: self.cache},
+            )  # fmt: skip
+        self.cache.repeat_rows(distinct, repeats)
+        last = out.logits[:, -1].float().repeat_interleave(repeats, dim=0)
+        logits = torch.zeros((self.shape.rows, last.shape[-1]), dtype=torch.float32, device=last.device)
+        logits[: last.shape[0]] = last
+        self.choose(logits)
+        self._decode_from(width)
+
+    def resume(self, net, start: CacheRows, prompt_ids, *, rows: int, repeats: int) -> None:
+        """:meth:`prefill` for prompts whose columns but the last are in ``start``: those keys and
+        values are copied in and every row's last prompt column is fed as a decoding step would
+        feed it (not recorded: its write column differs from the recorded step's), which draws the
+        first token."""
+        distinct, width = prompt_ids.shape  # start holds width - 1 columns of each (checked by the caller)
+        for have, put in ((start.keys, self.cache.keys), (start.values, self.cache.values)):
+            for layer, tensor in enumerate(have):
+                put[layer][:distinct, :, : width - 1].copy_(tensor)
+        self.cache.repeat_rows(distinct, repeats)
+        self.next_input[:rows] = prompt_ids[:, -1:].repeat_interleave(repeats, dim=0)
+        self.positions[:rows] -= 1  # load set the next token's; the fed one is the prompt's last
+        self.cache.write_at.fill_(width - 1)
+        self.valid[:, width - 1] = True  # real in every call's row (left padding); the padding rows' own column
+        self.mask.copy_(decode_mask(self.valid, self.shape.dtype))  # the prompts' columns, the fed one among them
+        with decoding(net.config):
+            out = net(
+                input_ids=self.next_input, attention_mask=self.mask, position_ids=self.positions, use_cache=True,
+                logits_to_keep=1, **{self.cache_name: self.cache},
+            )  # fmt: skip
+        self.choose(out.logits[:, -1])
+        self.positions.add_(1)
+        self._decode_from(width)
+
+    def _decode_from(self, width: int) -> None:
+        """After the first token's draw: the step's inputs point at column ``width``, the first
+        token's, which every row attends to from now on."""
+        self.cache.write_at.fill_(width)
+        self.valid[:, width] = True
+        self.mask.copy_(decode_mask(self.valid, self.shape.dtype))  # what the step reads from now on
 
     def choose(self, logits: torch.Tensor) -> None:
         """Draw this step's token of every row from ``logits`` [rows, vocab] and record it: the

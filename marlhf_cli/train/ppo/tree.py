@@ -14,9 +14,12 @@ it is sampled as K^D whole responses, its leaves, and nothing sampled is thrown 
    subtree's value is its return and its tokens keep the weight of a node of their level.
 3. After level D - 1 the K^D paths are the leaves, in the order of their base-K digits.
 
-A node's K - 1 new children share one forward over its prefix (the sampler copies its KV cache
-to the K - 1 rows: ``repeats``); the prompt and the path so far are read once per level that
-branches from them.
+Nothing is read twice: a completion's call keeps its KV cache (:mod:`marlhf_cli.generation.cache_rows`),
+and a node's K - 1 new children start from the rows of the call that drew its path, cut at the
+node's end and realigned to one left padding; only the node's last token is fed again (its
+logits draw the first token). The K - 1 children share that row (the sampler copies it:
+``repeats``). Where the model's cache does not travel (a sliding-window or recurrent layer),
+each level reads its node prefixes again, which gives the same draws to float rounding.
 
 Randomness: completion (tree, level, node, child) draws its tokens from its own generator,
 seeded with derived_seed(seed, step, the tree's first sample number, level, node, child), as
@@ -26,13 +29,16 @@ and a resumed run samples the same tree.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import torch
 
+from ... import console
 from ...generation import sample, texts
+from ...generation.cache_rows import CacheRows, Slice, realigned
 from ...seeding import derived_seed
 from ...macro import TerminationRule
 from ..forward import policy_forward, resident
@@ -47,10 +53,21 @@ Segmenter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Se
 
 
 @dataclass
+class _Drawn:
+    """Where a path's latest completion's keys and values are: row ``row`` of ``cache``, response
+    position j at column ``offset + j`` (the call's prompt width minus where the completion began)."""
+
+    cache: CacheRows
+    row: int
+    offset: int
+
+
+@dataclass
 class _Path:
     tokens: list[int]  # the response so far: the path's prefix, then its latest completion
     eos: bool  # its completion ended with a stop token
     starts: list[int]  # where each level's node after the first begins (response positions)
+    drawn: _Drawn | None = None  # None: its cache did not travel, or is not needed any more
 
     @property
     def start(self) -> int:
@@ -70,6 +87,7 @@ class TreeRollout:
     sampled_tokens: int  # real tokens drawn (each completion up to its stop token)
     completions: int  # sampler rows drawn: K per tree, then K - 1 per node that branched
     fallbacks: int  # paths a text rule could not parse at a branching (cut by fixed n instead)
+    cached_prefix_tokens: int  # prefix tokens (prompt and path) the children's calls did not read again
 
     @property
     def shared_tokens(self) -> int:
@@ -110,53 +128,87 @@ def sample_tree(
     prompt_ids, prompt_mask = texts.tokenize_prompts(tokenizer, prompts[::leaves], settings.max_prompt_length, device)
     prompt_rows = [ids[m.bool()] for ids, m in zip(prompt_ids, prompt_mask)]
     trees = len(prompt_rows)
-    counts = {"tokens": 0, "rows": 0, "fallbacks": 0}
+    counts = {"tokens": 0, "rows": 0, "fallbacks": 0, "reused": 0}
 
-    def draw(prefixes: list[tuple[int, list[int]]], level: int, nodes: list[int], children: int) -> list[list[tuple[list[int], bool]]]:
-        """``children`` completions of each (tree, response prefix), seeded by (tree, level,
-        node, child 1 .. children when drawn from a branch point, 0 .. children - 1 at the root)."""
+    def draw(prefixes: list[tuple[int, list[int], _Drawn | None]], level: int, nodes: list[int], children: int, keep: bool):
+        """``children`` completions of each (tree, response prefix, where its keys and values
+        are), seeded by (tree, level, node, child 1 .. children when drawn from a branch point,
+        0 .. children - 1 at the root); a list per prefix of (tokens, ended, where they are)."""
         if not prefixes:
             return []
         first = 0 if level == 0 else 1
-        rows = [torch.cat([prompt_rows[t], torch.tensor(p, dtype=torch.long, device=device)]) for t, p in prefixes]
+        rows = [torch.cat([prompt_rows[t], torch.tensor(p, dtype=torch.long, device=device)]) for t, p, _ in prefixes]
         ids, mask = left_padded(rows, pad, device)
-        budgets = torch.tensor([longest - len(p) for _, p in prefixes], device=device).repeat_interleave(children)
-        row_seeds = [seeds(t, level, node, first + c) for (t, _), node in zip(prefixes, nodes) for c in range(children)]
+        start = _start_cache(prefixes, [len(r) for r in rows], ids.shape[1])
+        budgets = torch.tensor([longest - len(p) for _, p, _ in prefixes], device=device).repeat_interleave(children)
+        row_seeds = [seeds(t, level, node, first + c) for (t, _, _), node in zip(prefixes, nodes) for c in range(children)]
         width = int(budgets.max())
         drawn = sample(
             model, ids, mask, settings.sampling_for(width), eos_token_id=stop, pad_token_id=pad,
             uniforms=row_uniforms(row_seeds, budgets.tolist(), width).to(device), budgets=budgets, repeats=children,
+            start=start, keep_cache=keep,
         )  # fmt: skip
+        drawn, cache = drawn if keep else (drawn, None)
+        if keep and cache is None:
+            _say_once("tree: this model's KV cache is not one that travels between sampler calls (a sliding-window or "
+                      "recurrent layer): each level reads its nodes' prompt and path again")  # fmt: skip
         real, ended = budgeted_mask(drawn, budgets, stop)
         counts["tokens"] += int(real.sum())
         counts["rows"] += len(row_seeds)
+        counts["reused"] += 0 if start is None else int(mask.sum()) - len(prefixes)
         out = []
-        for index in range(len(prefixes)):
+        for index, (_, prefix, _) in enumerate(prefixes):
+            offset = ids.shape[1] - len(prefix)  # response position 0's column in this call
             rows_of = range(index * children, (index + 1) * children)
-            out.append([(drawn[r, : int(real[r].sum())].tolist(), bool(ended[r])) for r in rows_of])
+            where = [None if cache is None else _Drawn(cache, r, offset) for r in rows_of]
+            out.append([(drawn[r, : int(real[r].sum())].tolist(), bool(ended[r]), w) for r, w in zip(rows_of, where)])
         return out
 
     # level 0: K completions of each prompt
-    paths = [_Path(tokens, eos, []) for tree in draw([(t, []) for t in range(trees)], 0, [0] * trees, branches) for tokens, eos in tree]
+    roots = draw([(t, [], None) for t in range(trees)], 0, [0] * trees, branches, keep=depth > 1)
+    paths = [_Path(tokens, eos, [], where) for tree in roots for tokens, eos, where in tree]
     for level in range(1, depth):
         per_tree = branches**level  # nodes of this level in one tree, in order
         ends, fallbacks = _node_ends(paths, segmenter, prompt_ids, prompt_mask, per_tree=per_tree, pad=pad, device=device)
         counts["fallbacks"] += fallbacks
         branching = [i for i, (path, end) in enumerate(zip(paths, ends)) if end < len(path.tokens)]
         fresh = draw(
-            [(i // per_tree, paths[i].tokens[: ends[i]]) for i in branching], level, [i % per_tree for i in branching], branches - 1
-        )
+            [(i // per_tree, paths[i].tokens[: ends[i]], paths[i].drawn) for i in branching], level,
+            [i % per_tree for i in branching], branches - 1, keep=level < depth - 1,
+        )  # fmt: skip
         new_children = dict(zip(branching, fresh))
+        last = level == depth - 1  # the leaves: no cache is needed below them
         grown: list[_Path] = []
         for index, (path, end) in enumerate(zip(paths, ends)):
             starts = path.starts + [end]
-            grown.append(_Path(path.tokens, path.eos, starts))  # child 0: the path goes on
+            grown.append(_Path(path.tokens, path.eos, starts, None if last else path.drawn))  # child 0: the path goes on
             if index in new_children:
-                grown += [_Path(path.tokens[:end] + tokens, eos, starts) for tokens, eos in new_children[index]]
+                grown += [_Path(path.tokens[:end] + tokens, eos, starts, where) for tokens, eos, where in new_children[index]]
             else:  # ended within its node: copies with empty macro actions below it
                 grown += [_Path(path.tokens, path.eos, starts) for _ in range(branches - 1)]
         paths = grown
     return _as_rollout(paths, prompt_ids, prompt_mask, leaves, depth, pad, counts, device)
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    console.say(message)
+
+
+def _start_cache(prefixes, lengths: list[int], width: int) -> CacheRows | None:
+    """The keys and values of each prefix but its last token, cut from the call that drew its
+    path and right-aligned to ``width - 1`` columns (the sampler's left padding), or None when
+    one of them is not at hand (level 0; a cache that did not travel): the call reads them."""
+    where = [drawn for _, _, drawn in prefixes]
+    if any(w is None for w in where):
+        return None
+    slices = []
+    for (_, prefix, drawn), length in zip(prefixes, lengths):
+        # up to the column of the prefix's last token, which is fed again; the prompt's first
+        # token is length - 1 columns before it in the source's layout as in the new one
+        end = drawn.offset + len(prefix) - 1
+        slices.append(Slice(drawn.cache, drawn.row, end, length - 1))
+    return realigned(slices, width - 1)
 
 
 def _node_ends(paths: list[_Path], segmenter: Segmenter, prompt_ids, prompt_mask, *, per_tree: int, pad: int, device) -> tuple[list[int], int]:
@@ -192,6 +244,7 @@ def _as_rollout(paths: list[_Path], prompt_ids, prompt_mask, leaves: int, depth:
         prompt_ids=prompt_ids[owners], prompt_mask=prompt_mask[owners], response_ids=response_ids, mask=mask,
         has_eos=torch.tensor([p.eos for p in paths], device=device), branch_positions=branch_positions,
         sampled_tokens=counts["tokens"], completions=counts["rows"], fallbacks=counts["fallbacks"],
+        cached_prefix_tokens=counts["reused"],
     )  # fmt: skip
 
 
