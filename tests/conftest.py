@@ -12,6 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # --dtype auto (the default) means fp32 in tests whatever the CPU: the suite's figures and
 # exactness checks must not depend on the machine (tests/test_precision.py tests "auto")
 os.environ.setdefault("MARLHF_AUTO_DTYPE", "fp32")
+# no training-curve PNGs (marlhf_cli/train/monitor.py): a quarter of a few-step run's time,
+# in the hundreds of runs here (and the subprocesses, which inherit it); the tests of the
+# plots turn them back on with the draw_plots fixture (below)
+os.environ.setdefault("MARLHF_PLOTS", "0")
 # pytest-xdist runs a worker per core (up to 4): each computes with one thread, as the
 # modules that opt into one_torch_thread (below) and the subprocesses the tests start always
 # did. torch's default, one OpenMP thread per core in every worker, oversubscribes the cores
@@ -45,6 +49,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def draw_plots():
+    """Stages draw plots/<stage>-*.png again, as they do outside the suite (MARLHF_PLOTS,
+    off above): for the modules that check them. Module-scoped, so that a module's shared
+    run (a module fixture that asks for it) draws them too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MARLHF_PLOTS", "1")
+        yield
 
 
 @pytest.fixture(scope="session")

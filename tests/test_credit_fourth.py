@@ -188,6 +188,9 @@ def test_a_failed_gate_one_stops_the_edition_before_any_ppo_run(tmp_path):
     document = yaml.safe_load(PROTOCOL.read_text())
     document["modes"]["quick"]["enforce_gates"] = True
     document["modes"]["quick"]["gate1"] = {"accuracy": 1.01, "alpha": 0.05}  # a bar no reward model passes
+    # one reward model, not the grid's two: the gate is what this test is about (picking among
+    # rates is checked by the run above), and each rate is a `marlhf rm` process of its own
+    document["modes"]["quick"]["rm"]["lrs"] = document["modes"]["quick"]["rm"]["lrs"][:1]
     protocol = tmp_path / "protocol.yaml"
     protocol.write_text(yaml.safe_dump(document))
     done = _study("--out", str(tmp_path), "--protocol", str(protocol))

@@ -14,7 +14,8 @@ from marlhf_cli import config as config_module
 from marlhf_cli.artifacts import RunDir
 from marlhf_cli.errors import UserError
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+# draw_plots: an earlier run's plots must be gone, the new run's there
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "draw_plots")]
 
 
 class Interrupted(Exception):

@@ -57,6 +57,23 @@ def test_every_held_out_evaluation_is_one_line_on_the_console(tmp_path, capsys):
                      "ppo-fixed5 eval at step 2: loss 1.5  perplexity 4.482"]  # fmt: skip
 
 
+def test_marlhf_plots_0_skips_the_curves_and_anything_else_draws_them(tmp_path, monkeypatch):
+    """The suite's MARLHF_PLOTS=0 (tests/conftest.py) leaves plots/ out; a user, without it,
+    gets every curve."""
+    from marlhf_cli.artifacts import RunDir
+    from marlhf_cli.train.monitor import Monitor
+
+    run = RunDir(tmp_path)
+    monitor = Monitor(run, "sft", total_steps=2, start_step=0, enabled=True, live=False)
+    monitor.log(1, {"loss": 2.0})
+    monitor.log(2, {"loss": 1.5})
+    monitor.close()
+    monkeypatch.setenv("MARLHF_PLOTS", "0")
+    assert monitor.plot("loss") is None and not (tmp_path / "plots").exists()
+    monkeypatch.delenv("MARLHF_PLOTS")
+    assert monitor.plot("loss") == run.plot_path("sft-loss") and run.plot_path("sft-loss").stat().st_size > 1000
+
+
 def _env() -> dict:
     from marlhf_cli import launch
 

@@ -11,7 +11,8 @@ import pytest
 from marlhf_cli import config as config_module
 from marlhf_cli.artifacts import read_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+# draw_plots: the runs' plots/ppo-<name>-*.png are checked
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "draw_plots")]
 
 SMALL = dict(
     policy="tiny", reward_model="tiny", dataset="tldr", rollout_batch_size=4, mini_batch_size=2,

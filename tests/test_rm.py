@@ -211,7 +211,7 @@ def test_rm_without_sft_names_the_command_to_run(tmp_path, toy_preferences):
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, toy_preferences) -> Path:
+def pipeline(tmp_path_factory, toy_preferences, draw_plots) -> Path:
     return sft_then_rm(tmp_path_factory.mktemp("run"), toy_preferences)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -65,19 +66,23 @@ class HubSpec:
 
 
 def load_hub_rows(spec: HubSpec, split: str) -> Iterator[dict[str, Any]]:
-    """The rows of one hub split, or :class:`HubUnreachable`."""
-    try:
-        import datasets
-    except ImportError as err:  # pragma: no cover - a dependency of the package
-        raise HubUnreachable(f"the 'datasets' package is not installed ({err})") from err
+    """The rows of one hub split, or :class:`HubUnreachable`. Whether the hub can be had is
+    settled before ``datasets`` is imported (with pandas and pyarrow, most of a second), so a
+    run that falls back to the embedded sample does not pay for it."""
     offline = offline_mode()
     if offline and spec.data_files:
         # hf:// file paths go through HfFileSystem, which ignores offline mode: do not touch the network
         raise HubUnreachable(OFFLINE_REASON)
+    if offline and not _cached_anywhere(spec.repo):
+        raise HubUnreachable(f"{OFFLINE_REASON}, not in the local cache")
     if not offline:
         problem = probe_endpoint()
         if problem:
             raise HubUnreachable(problem)
+    try:
+        import datasets
+    except ImportError as err:  # pragma: no cover - a dependency of the package
+        raise HubUnreachable(f"the 'datasets' package is not installed ({err})") from err
     try:
         with _datasets_offline(datasets, offline):
             dataset = _load(datasets, spec, split)
@@ -86,6 +91,21 @@ def load_hub_rows(spec: HubSpec, split: str) -> Iterator[dict[str, Any]]:
             raise HubUnreachable(f"{OFFLINE_REASON}, not in the local cache" if offline else first_line(err)) from err
         raise
     return iter(dataset)
+
+
+def _cached_anywhere(repo: str) -> bool:
+    """Whether an offline ``load_dataset(repo)`` could find anything: a prepared copy where
+    ``datasets`` keeps them (``HF_DATASETS_CACHE``, else ``HF_HOME/datasets``; a folder
+    ``owner___name``, the name snake-cased: any folder of the owner counts, so as never to miss
+    one) or the hub's download cache (``HF_HUB_CACHE``: ``datasets--owner--name``). Neither:
+    nothing is cached, and ``datasets`` need not be imported to find that out."""
+    from huggingface_hub import constants
+
+    prepared = Path(os.path.expanduser(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets"))
+    owner = repo.split("/")[0] if "/" in repo else ""
+    if owner and any(prepared.glob(f"{owner}___*")) or not owner and (prepared / repo).exists():
+        return True
+    return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo.replace('/', '--')}").exists()
 
 
 def _load(datasets: Any, spec: HubSpec, split: str) -> Any:

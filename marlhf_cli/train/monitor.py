@@ -14,6 +14,7 @@ that never stopped.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,16 @@ from .. import artifacts
 # what a held-out evaluation's console line shows, in this order, of what the stage measured
 # (ppo: score, length, EOS rate; sft: loss, perplexity; rm: loss, accuracy, margin)
 EVAL_SHOWN = ("score", "loss", "perplexity", "accuracy", "margin", "response_length", "eos_rate")
+
+# MARLHF_PLOTS=0: no plots/<stage>-*.png (metrics/ and the trackers keep every number they
+# show). A PNG costs a tenth of a second of matplotlib, and pyplot's import half a second
+# more per process: a quarter of a few-step run, which sweeps and the test suite (it sets
+# this; tests/conftest.py) run by the hundred.
+PLOTS_ENV = "MARLHF_PLOTS"
+
+
+def plots_wanted() -> bool:
+    return os.environ.get(PLOTS_ENV, "1") != "0"
 
 
 class Monitor:
@@ -99,8 +110,9 @@ class Monitor:
 
     # plot ---------------------------------------------------------------------------------
     def plot(self, metric: str = "loss", title: str | None = None, xlabel: str = "optimizer step") -> Path | None:
-        """``plots/<stage>-loss.png``: the training curve and the held-out points."""
-        if not self.enabled or not self.path.is_file():
+        """``plots/<stage>-loss.png``: the training curve and the held-out points (none with
+        MARLHF_PLOTS=0)."""
+        if not self.enabled or not self.path.is_file() or not plots_wanted():
             return None
         rows = artifacts.read_jsonl(self.path)
         path = self.run.plot_path(f"{self.stage}-{metric}")
