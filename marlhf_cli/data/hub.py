@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
@@ -103,7 +103,7 @@ def _cached_anywhere(repo: str) -> bool:
 
     prepared = Path(os.path.expanduser(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets"))
     owner = repo.split("/")[0] if "/" in repo else ""
-    if owner and any(prepared.glob(f"{owner}___*")) or not owner and (prepared / repo).exists():
+    if any(prepared.glob(f"{owner}___*")) if owner else (prepared / repo).exists():
         return True
     return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo.replace('/', '--')}").exists()
 
