@@ -1,7 +1,7 @@
 """``--generation compiled``: the eager sampler's draws, with each token's step recorded once
 and replayed.
 
-Why: the eager sampler (:func:`.sampling.sample`) runs the model's forward from Python for
+Why: the eager sampler (:func:`.eager.sample`) runs the model's forward from Python for
 every token, about a thousand small kernel launches each. On an H200 at SmolLM2-135M's shape
 that took ~35 ms per token while the GPU's own work was microseconds (the memory floor of a
 135M bf16 decode step is ~0.06 ms), so generation was 80% of a PPO step. Here the per-token

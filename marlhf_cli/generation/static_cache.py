@@ -2,7 +2,7 @@
 the attention masks that go with it, and a bucket (:class:`Bucket`: one shape's cache,
 buffers and decoding step, recorded on CUDA).
 
-The compiled sampler (:mod:`.compiled_sampling`) replays one recorded decoding step per
+The compiled sampler (:mod:`.compiled`) replays one recorded decoding step per
 token. A recording holds tensor addresses, so everything the step reads or writes must live
 at the same address from one token to the next and from one call to the next: the keys and
 values of every layer, the column the new token is written to, the mask of columns a row may
@@ -89,7 +89,7 @@ def host_read(net, shape: "Shape") -> str | None:
     (llama, qwen2: ``.item()`` in the RoPE update), Mixtral's ``eager`` experts (``nonzero``).
     Other errors on the meta device (a kernel's dtype check stricter than the real one's) say
     nothing about host reads and pass: a failure while recording is caught anyway
-    (compiled_sampling)."""
+    (compiled.py)."""
     import copy
 
     base = hugging_face_model(net)
@@ -251,7 +251,7 @@ class Bucket:
         self.tokens = torch.full((rows, length), shape.pad, dtype=torch.long, device=device)
         self.logprobs = torch.zeros((rows, length), dtype=torch.float32, device=device)
         self.graph = None
-        self.bytes = 0  # its estimated memory, set by the sampler that made it (compiled_sampling.bucket_bytes)
+        self.bytes = 0  # its estimated memory, set by the sampler that made it (compiled.bucket_bytes)
         self.replays = 0  # tokens drawn by replaying the recording (tests/test_gpu.py counts them)
 
     def load(self, prompt_mask, params, *, rows: int, steps: int, repeats: int, uniforms, budgets) -> None:
@@ -329,7 +329,7 @@ class Bucket:
 
     def choose(self, logits: torch.Tensor) -> None:
         """Draw this step's token of every row from ``logits`` [rows, vocab] and record it: the
-        eager sampler's step (:func:`.sampling.sample`) on tensors that never move."""
+        eager sampler's step (:func:`.eager.sample`) on tensors that never move."""
         logits = logits.float() / self.temperature
         filtered = filter_logits(logits, self.shape.top_k, self.top_p, nucleus=self.shape.nucleus)
         drawn = draw(torch.softmax(filtered, dim=-1), self.uniforms.index_select(1, self.step).squeeze(1))
