@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,7 @@ def _report(stdout: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_fourth_edition_runs_every_phase_and_reports_again_from_its_records(tmp_path):
+def test_the_fourth_edition_runs_every_phase_reports_again_from_its_records_and_stops_at_a_failed_gate(tmp_path):
     done = _study("--out", str(tmp_path), "--workers", "2")
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     root = tmp_path / "fourth-quick"
@@ -182,20 +183,26 @@ def test_the_fourth_edition_runs_every_phase_and_reports_again_from_its_records(
     assert again.returncode == 0, again.stderr[-3000:]
     assert _report(again.stdout) == _report(out)
 
+    _a_failed_gate_one_stops_the_edition_before_any_ppo_run(tmp_path / "failed-gate", root / "work")
 
-@pytest.mark.slow
-def test_a_failed_gate_one_stops_the_edition_before_any_ppo_run(tmp_path):
+
+def _a_failed_gate_one_stops_the_edition_before_any_ppo_run(out: Path, trained: Path) -> None:
+    """The run above's SFT model and first reward model, copied: the study skips a finished
+    stage, so this edition trains nothing and goes straight to gate 1 (part of the test
+    above: a test of its own would train them again in `marlhf` processes of its own)."""
     document = yaml.safe_load(PROTOCOL.read_text())
     document["modes"]["quick"]["enforce_gates"] = True
     document["modes"]["quick"]["gate1"] = {"accuracy": 1.01, "alpha": 0.05}  # a bar no reward model passes
-    # one reward model, not the grid's two: the gate is what this test is about (picking among
-    # rates is checked by the run above), and each rate is a `marlhf rm` process of its own
-    document["modes"]["quick"]["rm"]["lrs"] = document["modes"]["quick"]["rm"]["lrs"][:1]
-    protocol = tmp_path / "protocol.yaml"
+    document["modes"]["quick"]["rm"]["lrs"] = lrs = document["modes"]["quick"]["rm"]["lrs"][:1]
+    protocol = out / "protocol.yaml"
+    out.mkdir()
     protocol.write_text(yaml.safe_dump(document))
-    done = _study("--out", str(tmp_path), "--protocol", str(protocol))
+    for model in ("sft-run", f"rm-run-lr{lrs[0]:g}"):
+        shutil.copytree(trained / model, out / "fourth-quick" / "work" / model)
+    done = _study("--out", str(out), "--protocol", str(protocol))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "- gate 1: FAILED" in done.stdout and "The fourth edition stopped at gate 1" in done.stdout
-    assert not (tmp_path / "fourth-quick" / "critic").exists()
-    gate = json.loads((tmp_path / "fourth-quick" / "gate1.json").read_text())
+    assert not (out / "fourth-quick" / "critic").exists()
+    assert not (out / "fourth-quick" / "work" / "sft.log").exists()  # nothing was trained again
+    gate = json.loads((out / "fourth-quick" / "gate1.json").read_text())
     assert gate["passed"] is False and gate["bar"] == 1.01 and math.isfinite(gate["p_value"])

@@ -56,23 +56,28 @@ def kill_once_saved(proc: subprocess.Popen, marker: Path) -> None:
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
 
 
+# the resume tests below run 6 steps: killed after the step-2 checkpoint, the resumed run still
+# crosses an evaluation (3, 6) and a checkpoint (4) before its end
+RESUMED_RUN = ("--max-steps", "6")
+
+
 # bit-exact within a precision; bf16 restores the fp32 masters and the optimizer's state too,
 # which covers what an fp32 run restores (its twin in fp32 cost the suite 30 s)
 @pytest.mark.parametrize("dtype", ["bf16"])
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path, dtype):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = subprocess.run(command(straight, "--dtype", dtype), env=environment(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command(straight, "--dtype", dtype, *RESUMED_RUN), env=environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
     proc = subprocess.Popen(
-        command(killed, "--dtype", dtype), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        command(killed, "--dtype", dtype, *RESUMED_RUN), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     kill_once_saved(proc, killed / "ppo" / NAME / "checkpoints" / "critic" / "latest")
     assert not (killed / "ppo" / NAME / "config.json").exists()
 
     resumed = subprocess.run(
-        command(killed, "--dtype", dtype, "--resume"), env=environment(), capture_output=True, text=True, timeout=300
+        command(killed, "--dtype", dtype, *RESUMED_RUN, "--resume"), env=environment(), capture_output=True, text=True, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming at step" in resumed.stderr
@@ -122,7 +127,7 @@ def test_sampling_estimators_sigkill_then_resume_reproduces_the_uninterrupted_ru
     volatile = VOLATILE + ("continuation_time",)
 
     def mc_command(run_dir: Path, *extra: str) -> list[str]:
-        base = command(run_dir, *flags, *extra)
+        base = command(run_dir, *flags, *RESUMED_RUN, *extra)
         at = base.index("--critic-lr")  # no critic: the flag would be an error
         return base[:at] + base[at + 2 :]
 
