@@ -348,15 +348,14 @@ def _cli(run_dir, advantage, *extra):
 def test_grpo_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     import subprocess
 
-    from test_ppo_resume import VOLATILE, environment, kill_once_saved
+    from test_ppo_resume import VOLATILE, environment, kill_once_saved, run_here
 
     def history(run_dir):
         rows = read_jsonl(run_dir / "metrics" / "ppo-grpo-k2.jsonl")
         return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = subprocess.run(_cli(straight, "grpo"), env=environment(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(_cli(straight, "grpo"))
     proc = subprocess.Popen(
         _cli(killed, "grpo"), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,

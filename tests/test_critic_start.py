@@ -349,14 +349,13 @@ def test_a_warm_up_killed_and_resumed_equals_one_never_stopped(tmp_path):
     the pooled explained variance included (it is read back from the rows logged before)."""
     import subprocess
 
-    from test_ppo_resume import NAME, command, environment, kill_once_saved, metrics
+    from test_ppo_resume import NAME, command, environment, kill_once_saved, metrics, run_here
 
     from marlhf_cli.artifacts import read_jsonl
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     warm = ("--critic-warmup-steps", "5")
-    done = subprocess.run(command(straight, *warm), env=environment(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(command(straight, *warm))
     proc = subprocess.Popen(command(killed, *warm), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     kill_once_saved(proc, killed / "ppo" / NAME / "checkpoints" / "critic" / "latest")

@@ -345,14 +345,13 @@ def _in_folder(folder):
 def test_sigkill_then_resume_with_lora_reproduces_the_uninterrupted_run(tmp_path):
     import torch
 
-    from test_ppo_resume import NAME, command, environment, kill_once_saved, metrics
+    from test_ppo_resume import NAME, command, environment, kill_once_saved, metrics, run_here
 
     from marlhf_cli.artifacts import read_jsonl
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     lora_flags = ("--lora-rank", "4", "--max-steps", "6")
-    done = subprocess.run(command(straight, *lora_flags), env=environment(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(command(straight, *lora_flags))
 
     proc = subprocess.Popen(
         command(killed, *lora_flags), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -39,6 +39,25 @@ def environment() -> dict[str, str]:
     return env
 
 
+def run_here(args: list[str]) -> None:
+    """The uninterrupted reference run of ``args`` (a :func:`command`), in this process: the
+    same numbers as a ``marlhf`` process (with one torch thread here too), without that
+    process's 5 s of imports. The runs that are killed and resumed stay real processes."""
+    import torch
+    from typer.testing import CliRunner
+
+    from marlhf_cli.cli import app
+
+    assert args[:3] == [sys.executable, "-m", "marlhf_cli.cli"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(app, args[3:])
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output[-3000:]
+
+
 def metrics(run_dir: Path) -> list[dict]:
     rows = read_jsonl(run_dir / "metrics" / f"ppo-{NAME}.jsonl")
     return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
@@ -66,8 +85,7 @@ RESUMED_RUN = ("--max-steps", "6")
 @pytest.mark.parametrize("dtype", ["bf16"])
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path, dtype):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = subprocess.run(command(straight, "--dtype", dtype, *RESUMED_RUN), env=environment(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(command(straight, "--dtype", dtype, *RESUMED_RUN))
 
     proc = subprocess.Popen(
         command(killed, "--dtype", dtype, *RESUMED_RUN), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -136,8 +154,7 @@ def test_sampling_estimators_sigkill_then_resume_reproduces_the_uninterrupted_ru
         return [{k: v for k, v in row.items() if k not in volatile} for row in rows]
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = subprocess.run(mc_command(straight), env=environment(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(mc_command(straight))
     proc = subprocess.Popen(
         mc_command(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )

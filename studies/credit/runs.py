@@ -86,15 +86,16 @@ def job_of(record: dict) -> dict:
     return {key: record[key] for key in JOB_KEYS if key in record}
 
 
-def rerun(record: dict, threads: int = 1, steps: int | None = None) -> dict:
-    """The record's job run again in a fresh process with ``threads`` torch threads, as a
-    study worker runs it: same inputs, same machine, the same numbers bit for bit. ``steps``:
-    only the first steps (at a constant learning rate, the third edition's, they are the
-    record's first steps)."""
+def rerun(records: list[dict], threads: int = 1, steps: int | None = None) -> list[dict]:
+    """The records' jobs run again, one after the other in one fresh process with ``threads``
+    torch threads, as a study worker runs its jobs: same inputs, same machine, the same
+    numbers bit for bit. ``steps``: only the first steps (at a constant learning rate, the
+    third edition's, they are the records' first steps)."""
+    jobs = [job_of(record) | ({"steps": steps} if steps else {}) for record in records]
     log = Path(tempfile.mkdtemp(prefix="marlhf-credit-rerun-")) / "stage.log"  # the stage's console output
     try:
         with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, str(log))) as pool:
-            return pool.apply(run_job, (job_of(record) | ({"steps": steps} if steps else {}),))
+            return pool.map(run_job, jobs)
     finally:
         shutil.rmtree(log.parent, ignore_errors=True)
 
