@@ -35,7 +35,7 @@ import yaml
 from . import analysis as A
 from . import estimate, first, plots, report
 from .protocol import HERE, PROTOCOL_FILES, load
-from .runs import H, run_jobs, saved
+from .runs import H, Workers, run_jobs, saved
 from .study import plan_task
 
 
@@ -93,11 +93,13 @@ def main(argv=None) -> None:
     print(H.machine_line())
     print(f"# {protocol.summary()}; {args.workers} worker(s) x {args.threads} thread(s); runs under {root}", flush=True)
     started = time.perf_counter()
+    workers = Workers(args.workers, args.threads, root)  # one set of worker processes for every phase
 
     if args.estimate:
         if protocol.edition >= 3:
             fail("--estimate times the second edition's steps; the third edition's cost is in its PROTOCOL.md")
-        records = run_jobs(estimate.timing_jobs(protocol), root, args.workers, args.threads, "timing")
+        with workers:
+            records = run_jobs(estimate.timing_jobs(protocol), root, workers, args.threads, "timing")
         for line in estimate.project(protocol, records, args.workers):
             print(line)
         return
@@ -106,25 +108,26 @@ def main(argv=None) -> None:
             return saved(root, jobs)
     else:
         def runner(jobs, label):
-            return run_jobs(jobs, root, args.workers, args.threads, label)
+            return run_jobs(jobs, root, workers, args.threads, label)
 
     plans, finished, comparisons, same_rate = [], {}, [], []
-    for task in tasks:  # task by task: a study stopped part-way has whole tasks to show
-        plan = plan_task(protocol, task, runner)
-        plans.append(plan)
-        report.print_calibration(protocol, plan)
-        if not plan.complete:
-            print(f"# {task}: tuning runs missing: no result yet (run without --report-only to go on)")
-            continue
-        report.print_tuning(protocol, plan)
-        if not plan.reported:
-            continue
-        arms, horizon = A.task_results(protocol, plan)
-        report.print_arms(protocol, plan, arms, horizon)
-        finished[task] = (arms, plan.decided_arms, horizon)
-        comparisons += A.compare(protocol, plan, arms, horizon)
-        if protocol.edition >= 3:
-            same_rate += A.same_rate(protocol, plan)
+    with workers:
+        for task in tasks:  # task by task: a study stopped part-way has whole tasks to show
+            plan = plan_task(protocol, task, runner)
+            plans.append(plan)
+            report.print_calibration(protocol, plan)
+            if not plan.complete:
+                print(f"# {task}: tuning runs missing: no result yet (run without --report-only to go on)")
+                continue
+            report.print_tuning(protocol, plan)
+            if not plan.reported:
+                continue
+            arms, horizon = A.task_results(protocol, plan)
+            report.print_arms(protocol, plan, arms, horizon)
+            finished[task] = (arms, plan.decided_arms, horizon)
+            comparisons += A.compare(protocol, plan, arms, horizon)
+            if protocol.edition >= 3:
+                same_rate += A.same_rate(protocol, plan)
 
     A.decide(protocol, comparisons)
     if comparisons:

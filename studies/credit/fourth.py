@@ -43,7 +43,7 @@ import yaml
 
 from . import fourth_stats as S
 from .protocol import HERE
-from .runs import REPO, H, run_jobs
+from .runs import REPO, H, Workers, run_jobs
 
 PROTOCOL = HERE / "fourth" / "protocol.yaml"
 SHARED_TLDR = REPO.parent / "shared" / "data" / "tldr"
@@ -325,10 +325,16 @@ def _record(path: Path, make):
 
 
 def run(args) -> int:
-    from . import fourth_report as R
-
     settings = load("quick" if args.quick else "full", args.protocol or PROTOCOL)
     root = args.out / settings["folder"]
+    # one set of worker processes for the three PPO phases, closed however the course ends
+    with Workers(args.workers, settings["threads"], root) as workers:
+        return _course(args, settings, root, workers)
+
+
+def _course(args, settings: dict, root: Path, workers: Workers) -> int:
+    from . import fourth_report as R
+
     work = root / "work"
     shared = None if args.quick else SHARED_TLDR
     print(H.machine_line())
@@ -340,7 +346,7 @@ def run(args) -> int:
     def runner(jobs: list[dict], label: str) -> list[dict]:
         if args.report_only:
             return saved_records(root, jobs)
-        return run_jobs(jobs, root, args.workers, threads, label, run=run_ppo, path=ppo_path)
+        return run_jobs(jobs, root, workers, threads, label, run=run_ppo, path=ppo_path)
 
     if args.report_only and not (root / "gate1.json").is_file():
         report.stopped("no gate1.json: the edition has not trained and tested its reward model yet")
@@ -385,6 +391,7 @@ def run(args) -> int:
     reported_jobs = [ppo_job(settings, models, work, "reported", arm, actor_lr, critic_lr, seed, settings["ppo"]["steps"])
                      for seed in seeds for arm in settings["arms"]]  # fmt: skip
     reported = runner(reported_jobs, "reported runs")
+    workers.close()  # before the judge, which runs marlhf's own command line
     report.reported = reported
     if len(reported) < len(reported_jobs):
         report.stopped("runs missing (reported)")

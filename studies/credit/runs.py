@@ -11,6 +11,7 @@ otherwise the same (:func:`first_edition_job`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -185,14 +186,44 @@ def saved(root: Path, jobs: list[dict]) -> list[dict]:
     return [json.loads(job_path(root, job).read_text()) for job in jobs if job_path(root, job).is_file()]
 
 
-def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: str = "runs", *, run=None, path=None) -> list[dict]:
-    """Run the jobs not already saved under ``root`` (``workers`` processes at a time); every
-    job's record, in the jobs' order, as :func:`saved` returns them, so a report is the same
-    whether its runs were just trained or only read (the power simulation draws from the
-    records in order). The ``mc`` runs (about three times as long per step) start first, so
-    no worker waits long at the end. ``run`` (a job -> its record, in a worker) and ``path``
-    ((root, job) -> the record's file) default to this module's :func:`run_job` and
-    :func:`job_path`; the fourth edition passes its own."""
+class Workers:
+    """A study's worker processes: ``count`` of them, ``threads`` torch threads each, their
+    console output appended to ``root/runs.log``. They start at the first job and serve
+    every phase after it: a phase waits for the one before, but its workers need not start
+    again (each start imports torch and transformers, about 5 CPU-s)."""
+
+    def __init__(self, count: int, threads: int, root: Path):
+        self.count, self.threads, self.root = count, threads, root
+        self._pool: ProcessPoolExecutor | None = None
+
+    def submit(self, run, job: dict):
+        if self._pool is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._pool = ProcessPoolExecutor(max_workers=self.count, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_init_worker, initargs=(self.threads, str(self.root / "runs.log")))  # fmt: skip
+        return self._pool.submit(run, job)
+
+    def close(self, cancel: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        self.close(cancel=kind is not None)
+
+
+def run_jobs(jobs: list[dict], root: Path, workers: int | Workers, threads: int, label: str = "runs", *, run=None,
+             path=None) -> list[dict]:  # fmt: skip
+    """Run the jobs not already saved under ``root`` (``workers`` processes at a time, or on
+    a study's :class:`Workers`); every job's record, in the jobs' order, as :func:`saved`
+    returns them, so a report is the same whether its runs were just trained or only read
+    (the power simulation draws from the records in order). The ``mc`` runs (about three
+    times as long per step) start first, so no worker waits long at the end. ``run`` (a job
+    -> its record, in a worker) and ``path`` ((root, job) -> the record's file) default to
+    this module's :func:`run_job` and :func:`job_path`; the fourth edition passes its own."""
     run, job_path_of = run or run_job, path or job_path
     todo = [job for job in jobs if not job_path_of(root, job).is_file()]
     todo.sort(key=lambda job: job["flags"].get("advantage") != "mc")  # stable: the rest keep their order
@@ -202,10 +233,8 @@ def run_jobs(jobs: list[dict], root: Path, workers: int, threads: int, label: st
         from marlhf_cli.artifacts import write_json
 
         print(f"# {label}: {len(todo)} of {len(jobs)} runs to do ({len(jobs) - len(todo)} saved)", flush=True)
-        spawn = multiprocessing.get_context("spawn")
-        root.mkdir(parents=True, exist_ok=True)
-        log = str(root / "runs.log")  # not committed: .gitignore
-        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(threads, log)) as pool:
+        shared = isinstance(workers, Workers)
+        with contextlib.nullcontext(workers) if shared else Workers(workers, threads, root) as pool:
             futures = {pool.submit(run, job): job for job in todo}
             with Progress(transient=False) as progress:
                 bar = progress.add_task(label, total=len(todo))
