@@ -75,6 +75,6 @@ def pytest_collection_modifyitems(config, items):
     fixtures are made once per worker). pytest-xdist's load scheduling hands each worker a
     batch of tests it keeps, and then the rest a few at a time: when a slow module came last
     in that first batch, one worker went on with it for up to a minute while the other had
-    nothing left. Last, the run is short tests, which ever worker is free takes."""
+    nothing left. Now the run ends on short tests, taken by whichever worker is free."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # stable: the collection's order otherwise
