@@ -159,14 +159,10 @@ def _weights(folder: Path) -> dict:
 @pytest.mark.slow
 def test_sigkill_then_resume_reaches_the_uninterrupted_result(tmp_path, toy_preferences):
     import torch
-
-    from typer.testing import CliRunner
-
-    from marlhf_cli.cli import app
+    from test_ppo_resume import run_here
 
     straight = tmp_path / "straight"  # in this process: saves a second interpreter start-up
-    done = CliRunner().invoke(app, _sft_command(straight, toy_preferences)[3:])
-    assert done.exit_code == 0, done.output
+    run_here(_sft_command(straight, toy_preferences))
 
     crashed = tmp_path / "crashed"
     child = subprocess.Popen(

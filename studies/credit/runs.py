@@ -93,12 +93,13 @@ def rerun(records: list[dict], threads: int = 1, steps: int | None = None) -> li
     numbers bit for bit. ``steps``: only the first steps (at a constant learning rate, the
     third edition's, they are the records' first steps)."""
     jobs = [job_of(record) | ({"steps": steps} if steps else {}) for record in records]
-    log = Path(tempfile.mkdtemp(prefix="marlhf-credit-rerun-")) / "stage.log"  # the stage's console output
+    folder = Path(tempfile.mkdtemp(prefix="marlhf-credit-rerun-"))  # for its runs.log, the stage's console output
     try:
-        with multiprocessing.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(threads, str(log))) as pool:
-            return pool.map(run_job, jobs)
+        with Workers(1, threads, folder) as worker:
+            futures = [worker.submit(run_job, job) for job in jobs]
+            return [future.result() for future in futures]
     finally:
-        shutil.rmtree(log.parent, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def has_critic(flags: dict) -> bool:
