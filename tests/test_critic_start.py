@@ -228,32 +228,100 @@ def test_a_critic_without_a_trained_head_starts_at_exactly_zero(tmp_path, saved_
     assert kept.models.value_head == "reward-model"
     assert torch.equal(kept.models.critic.module.model.score.weight, saved_models["rm_head"])  # bit for bit
 
-    # with the reward model's own score as the reward (normalised by the spread marlhf rm stored:
-    # 2 here), the trained head starts in the reward's units: the saved head / 2, exactly
-    from marlhf_cli.train.ppo.models import build_models
-    from marlhf_cli.train.scoring import STD_KEY
-
-    scored = saved_models["rm"].parent / "rm-with-stats"
-    if not scored.is_dir():
-        import shutil
-
-        shutil.copytree(saved_models["rm"], scored)
-        config_file = scored / "config.json"
-        import json
-
-        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), STD_KEY: 2.0}))
-    config = _config(tmp_path / "units", reward_model=str(scored))
-    models = build_models(config, plan_run(config), config.policy, config.reward_model, None)
-    assert models.value_head == "reward-model" and models.value_head_scale == 0.5
-    assert torch.equal(models.critic.module.model.score.weight, saved_models["rm_head"] / 2)
-    assert torch.equal(models.reward.model.score.weight, saved_models["rm_head"])  # the reward's own copy untouched
-
     legacy = _build(_config(tmp_path / "random", value_head_init="random"))  # what every critic got before
     from marlhf_cli.models import load_reward_model
 
     assert torch.equal(legacy.models.critic.module.model.score.weight, load_reward_model("tiny").score.weight)
     with pytest.raises(UserError, match="has no trained score head"):
         _build(_config(tmp_path / "no", value_head_init="reward-model"))
+
+
+def _with_statistics(saved_models, mean: float, std: float):
+    """A copy of the saved reward model whose config.json stores a held-out score mean and
+    spread, as marlhf rm writes them."""
+    import json
+    import shutil
+
+    from marlhf_cli.train.scoring import MEAN_KEY, STD_KEY
+
+    folder = saved_models["rm"].parent / f"rm-mean{mean:g}-std{std:g}"
+    if not folder.is_dir():
+        shutil.copytree(saved_models["rm"], folder)
+        config_file = folder / "config.json"
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), MEAN_KEY: mean, STD_KEY: std}))
+    return folder
+
+
+@pytest.mark.parametrize("mean, std, weight", [(0.0, 2.0, 1.0), (0.7, 2.0, 1.0), (-1.3, 0.4, 0.5)])
+def test_a_reward_model_critic_starts_at_the_reward_it_will_assign(tmp_path, saved_models, mean, std, weight):
+    """The critic's first value at a sequence's last token is the reward model's part of the
+    reward the PPO stage places there, weight * (s - mean) / std, the mean included (the head
+    has no bias: the offset -weight * mean / std is the critic's config's). GAE reads v[T-1]
+    one column earlier, the value of the sequence without its last token: that equals the
+    reward that shorter sequence would be given. Weight 0.5 is one of two --reward parts."""
+    from marlhf_cli.train.forward import TokenValues, critic_values
+    from marlhf_cli.train.ppo.models import build_models
+    from marlhf_cli.train.ppo.rewards import ScoringBatch
+    from marlhf_cli.train.scoring import VALUE_OFFSET_KEY
+
+    flags = dict(reward_model=str(_with_statistics(saved_models, mean, std)))
+    if weight != 1.0:  # several rewards: the reward model's weighted beside a function's
+        scorer = tmp_path / "lengths.py"
+        scorer.write_text("def length(completions, **kw):\n    return [float(len(c)) for c in completions]\n")
+        flags |= dict(reward=f"model,py:{scorer}:length", reward_weights=f"{weight},1")
+    config = _config(tmp_path / "units", **flags)
+    models = build_models(config, plan_run(config), config.policy, config.reward_model, None)
+    assert models.value_head == "reward-model"
+    assert (models.value_head_scale, models.value_head_offset) == pytest.approx((weight / std, -weight * mean / std))
+    critic = models.critic.module.model
+    assert torch.equal(critic.score.weight, saved_models["rm_head"] * (weight / std))  # the head alone is scaled
+    assert getattr(critic.config, VALUE_OFFSET_KEY, 0.0) == pytest.approx(-weight * mean / std)
+    reward_model = models.reward.parts[0][1] if weight != 1.0 else models.reward
+    assert torch.equal(reward_model.model.score.weight, saved_models["rm_head"])  # the reward's own copy untouched
+
+    generator = torch.Generator().manual_seed(5)
+    prompt, response = 6, 7
+    sequences = torch.randint(3, 1000, (4, prompt + response), generator=generator)
+    mask = torch.ones_like(sequences)
+    mask[1, :3] = 0  # a left-padded prompt
+    mask[2, prompt + 4 :] = 0  # a response that ended early
+
+    def assigned(seq, att):  # what the stage places at the last real token, the reward model's part
+        batch = ScoringBatch([], [], seq, att, prompt, seq[:, prompt:], att[:, prompt:], torch.ones(len(seq), dtype=torch.bool))
+        return weight * reward_model(batch)
+
+    with torch.no_grad():
+        values = TokenValues(critic)(sequences, mask)
+        last = (mask * torch.arange(mask.shape[1])).argmax(dim=1)
+        at_last = values[torch.arange(4), last]
+        assert at_last.tolist() == pytest.approx(assigned(sequences, mask).tolist(), rel=1e-5, abs=1e-5)
+        # GAE's v[T-1] (critic_values: column P + t - 1) reads the sequence without its last token
+        read = critic_values(models.critic, sequences, mask, prompt)
+        ends = mask[:, prompt:].sum(dim=1) - 1
+        shorter = mask.clone()
+        shorter[torch.arange(4), last] = 0
+        assert read[torch.arange(4), ends].tolist() == pytest.approx(assigned(sequences, shorter).tolist(), rel=1e-5, abs=1e-5)
+
+
+def test_the_offset_travels_with_the_exported_critic(tmp_path):
+    """An exported critic's config.json carries the offset (a whole-weights extension loads it
+    with the folder); a LoRA critic rebuilt on its base to extend a run takes it from there;
+    a start other than the reward model's clears one a --reward-model critic brought."""
+    pytest.importorskip("gguf")
+    from marlhf_cli.models import load_reward_model
+    from marlhf_cli.train.scoring import VALUE_OFFSET_KEY, value_offset
+
+    critic = load_reward_model("tiny")
+    value_head.start(critic, "reward-model", trained=True, seed=0, scale=0.5, offset=-0.35)
+    before = _values(critic)
+    critic.save_pretrained(tmp_path / "critic")
+    again = load_reward_model(str(tmp_path / "critic"))
+    assert value_offset(again.config) == -0.35 and torch.allclose(_values(again), before)
+    base = load_reward_model("tiny")
+    value_head.carry_offset(base, tmp_path / "critic")
+    assert value_offset(base.config) == -0.35
+    value_head.start(again, "zero", trained=True, seed=0)
+    assert not hasattr(again.config, VALUE_OFFSET_KEY) and torch.equal(_values(again), torch.zeros(3, 9))
 
 
 def test_warm_up_steps_train_the_critic_alone(tmp_path):

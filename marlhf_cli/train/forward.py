@@ -25,7 +25,7 @@ import contextlib
 import torch
 
 from ..errors import UserError
-from ..generation.draw import position_ids_from_mask, unwrap
+from ..generation.draw import hugging_face_model, position_ids_from_mask, unwrap
 from . import scoring
 
 
@@ -169,7 +169,9 @@ def _check_head(model) -> None:
 
 
 class TokenValues(torch.nn.Module):
-    """A critic: the reward model's scalar head applied at every position, [B, L].
+    """A critic: the reward model's scalar head applied at every position, plus the constant
+    its config stores (``marlhf_value_offset``, 0 unless the head started from a reward model
+    with a stored score mean), [B, L].
 
     A module of its own so that DeepSpeed trains it through its forward (ZeRO-3 gathers
     parameters on that path); ``.model`` is the Hugging Face model that gets saved.
@@ -182,7 +184,11 @@ class TokenValues(torch.nn.Module):
         self.config = model.config
 
     def forward(self, input_ids, attention_mask):
-        return scoring.token_values(self.model, input_ids, attention_mask).float()
+        values = scoring.token_values(self.model, input_ids, attention_mask).float()
+        # a head without a bias cannot hold the reward's -mean/std: the config carries it
+        # (value_head.start), so that it travels with the exported critic/
+        offset = scoring.value_offset(hugging_face_model(self.model).config)
+        return values + offset if offset else values
 
     def gradient_checkpointing_enable(self, **kwargs):
         self.model.gradient_checkpointing_enable(**kwargs)

@@ -25,6 +25,9 @@ from ..generation.draw import hugging_face_model, position_ids_from_mask
 MEAN_KEY = "marlhf_reward_mean"
 STD_KEY = "marlhf_reward_std"
 POSITION_KEY = "marlhf_score_position"
+# a critic's constant added to its head's output (train/ppo/value_head.py): the reward model's
+# -weight * mean / std, so that its values start in the units of the normalised reward
+VALUE_OFFSET_KEY = "marlhf_value_offset"
 POSITION = "last attention-mask token (marlhf_cli.train.scoring.sequence_scores)"
 
 
@@ -76,6 +79,11 @@ def reward_stats(config: Any) -> tuple[float, float]:
     mean = getattr(config, MEAN_KEY, None)
     std = getattr(config, STD_KEY, None)
     return (float(mean) if mean is not None else 0.0, float(std) if std else 1.0)
+
+
+def value_offset(config: Any) -> float:
+    """The constant a critic adds to its head's output (0 when none is stored)."""
+    return float(getattr(config, VALUE_OFFSET_KEY, None) or 0.0)
 
 
 def normalized_score(scores, config: Any, eps: float = 1e-6):

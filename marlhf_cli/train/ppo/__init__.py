@@ -293,7 +293,7 @@ def _announce(ctx: Context, run_dir: RunDir, name: str, stage_key: str, policy: 
         else count(config.rollout_batch_size, "response")
     )  # fmt: skip
     critic = "" if ctx.critic_free else ", " + (
-        value_head.describe(models.value_head, reward_model, models.value_head_scale) if models.value_head else f"critic from {reward_model}"
+        value_head.describe(models.value_head, reward_model, models.value_head_scale, models.value_head_offset) if models.value_head else f"critic from {reward_model}"
     ) + (f" (the first {count(config.critic_warmup_steps, 'step')} train it alone)" if config.critic_warmup_steps else "")
     common.say(
         f"policy {policy}, reward {models.reward.name}"

@@ -34,6 +34,7 @@ class Models:
     # an earlier run's (an extension)
     value_head: str | None = None
     value_head_scale: float = 1.0  # a reward-model head's factor to the reward's units
+    value_head_offset: float = 0.0  # and the constant added to it (value_head.reward_units)
 
 
 def build_models(
@@ -66,13 +67,13 @@ def build_models(
     whole_start = extension is not None and not adapted  # no adapters: the exported weights themselves
     actor_model = load_causal_lm(actor_start if whole_start else policy, dtype=dtype)
     reference = None if adapted else load_causal_lm(policy, dtype=dtype)
-    critic_model, head, scale = None, None, 1.0
+    critic_model, head, scale, offset = None, None, 1.0, 0.0
     if plan.critic:
         critic_model, trained = load_score_model(critic_start if whole_start else reward_model, dtype=dtype)
         if extension is None:  # an extension's critic goes on from the finished run's
             head = value_head.resolve(config.value_head_init, trained, reward_model)
         if head == "reward-model" and (rewards is None or isinstance(rewards, list)):  # the reward is --reward's
-            scale = _reward_units(config, critic_model)
+            scale, offset = _reward_units(config, critic_model)
     for model in (actor_model, reference, critic_model):
         if model is not None:
             disable_dropout(model)
@@ -90,10 +91,11 @@ def build_models(
             critic_model = lora.add_adapters(critic_model, config, task="score", base=reward_model)
             if extension:
                 extending.start_adapters(critic_model, critic_start)
+                value_head.carry_offset(critic_model, critic_start)  # the base's config has none
             common.say("critic: " + lora.trainable_summary(critic_model))
             saves["critic_save"] = lora.merged_saver(lambda: load_reward_model(reward_model, dtype=dtype), stage=f"ppo/{plan.name} critic")
     if head is not None:  # after LoRA: only the critic's trained copy of the head, not the reward's
-        value_head.start(critic_model, head, trained=trained, seed=config.seed, scale=scale)
+        value_head.start(critic_model, head, trained=trained, seed=config.seed, scale=scale, offset=offset)
     actor = eng.build_engine(
         actor_model, config, lr=config.actor_lr, batch_size=config.mini_batch_size, total_steps=optimizer_steps(config, plan, "actor")
     )
@@ -135,18 +137,19 @@ def build_models(
         return lora.add_adapters(model, config, task="causal") if adapted else model
 
     return Models(actor, critic, reference, reward_fn, tokenizer, device, GenerationModel(actor, whole_copy), **saves,
-                  value_head=head, value_head_scale=scale)  # fmt: skip
+                  value_head=head, value_head_scale=scale, value_head_offset=offset)  # fmt: skip
 
 
-def _reward_units(config, critic_model) -> float:
-    """weight / std of the reward model's score in the reward PPO optimises (RewardModelReward
-    normalises it by the held-out spread marlhf rm stored); 1 without the reward model."""
+def _reward_units(config, critic_model) -> tuple[float, float]:
+    """(scale, offset) taking the reward model's raw score to its part of the reward PPO
+    optimises, weight * (s - mean) / std (RewardModelReward normalises by the held-out mean and
+    spread marlhf rm stored): (weight / std, -weight * mean / std); (1, 0) without the reward
+    model among --reward."""
     specs = reward_specs(config)
     if "model" not in specs:
-        return 1.0
+        return 1.0, 0.0
     weight = reward_weights(config)[specs.index("model")]
-    std = score_statistics(critic_model)[1]
-    return weight / (std if std > 1e-6 else 1.0)
+    return value_head.reward_units(weight, *score_statistics(critic_model))
 
 
 class BaseModelReward(RewardModelReward):

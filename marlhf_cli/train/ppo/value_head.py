@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import UserError
-from ..scoring import hugging_face_model
+from ..scoring import VALUE_OFFSET_KEY, hugging_face_model
 
 INITS = ("zero", "random", "reward-model")
 
@@ -47,22 +47,30 @@ def score_head(model) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def start(model, init: str, *, trained: bool, seed: int, scale: float = 1.0) -> None:
+def start(model, init: str, *, trained: bool, seed: int, scale: float = 1.0, offset: float = 0.0) -> None:
     """Set ``model``'s value head for ``init`` (a :func:`resolve` result), in place.
 
-    ``reward-model`` keeps the trained head, multiplied by ``scale``: the reward PPO optimises
-    is the reward model's score normalised by its held-out spread (and weighted, with several
-    rewards), so a head in the reward's units is the raw head times weight / std; 1 where the
-    reward is not the reward model's score, or its spread was not stored. ``random`` on a
-    head that is already random (not ``trained``) keeps it as loaded, the exact head earlier
-    versions started from; on a trained head it draws a new one with the model's own
-    initialiser scale (``initializer_range``), from ``seed``.
+    ``reward-model`` keeps the trained head, multiplied by ``scale``, and adds ``offset``: the
+    reward PPO optimises is the reward model's score s normalised by its held-out mean and
+    spread, w (s - mean) / std (w its weight among several rewards), so a head in the reward's
+    units is the raw head times w / std plus -w mean / std (:func:`reward_units`). Decoder
+    heads have no bias, so the offset is stored in the model's config (``marlhf_value_offset``,
+    which :class:`~marlhf_cli.train.forward.TokenValues` adds): it is saved with the exported
+    critic, and it is a constant the head's training does not move. Every other start stores
+    no offset. ``random`` on a head that is already random (not ``trained``) keeps it as
+    loaded, the exact head earlier versions started from; on a trained head it draws a new one
+    with the model's own initialiser scale (``initializer_range``), from ``seed``.
     """
     head = score_head(model)
     if init == "reward-model" and scale != 1.0:
         head.weight.mul_(scale)
         if head.bias is not None:
             head.bias.mul_(scale)
+    config = hugging_face_model(model).config
+    if init == "reward-model" and offset:
+        setattr(config, VALUE_OFFSET_KEY, float(offset))
+    elif hasattr(config, VALUE_OFFSET_KEY):  # a critic of an earlier run given as --reward-model
+        delattr(config, VALUE_OFFSET_KEY)
     if init == "zero":
         head.weight.zero_()
         if head.bias is not None:
@@ -75,9 +83,30 @@ def start(model, init: str, *, trained: bool, seed: int, scale: float = 1.0) -> 
             head.bias.zero_()
 
 
-def describe(init: str, source: str, scale: float = 1.0) -> str:
+def carry_offset(model, export) -> None:
+    """Give ``model`` (a LoRA critic rebuilt on its base to extend a finished run) the offset
+    the exported critic's config.json stored; the base's own config has none."""
+    import json
+    from pathlib import Path
+
+    stored = json.loads((Path(export) / "config.json").read_text(encoding="utf-8")).get(VALUE_OFFSET_KEY)
+    if stored:
+        setattr(hugging_face_model(model).config, VALUE_OFFSET_KEY, float(stored))
+
+
+def reward_units(weight: float, mean: float, std: float) -> tuple[float, float]:
+    """(scale, offset) that put a reward-model head's raw score s in the units of the reward
+    the PPO stage assigns, ``weight * (s - mean) / std``: s * scale + offset. A spread of 0
+    (or none stored) counts as 1, as the reward itself does (rewards.RewardModelReward)."""
+    std = std if std > 1e-6 else 1.0
+    return weight / std, -weight * mean / std
+
+
+def describe(init: str, source: str, scale: float = 1.0, offset: float = 0.0) -> str:
     """The start-up line's words for the critic's start."""
-    units = "" if scale == 1.0 else f" (x {scale:.3g}: in the reward's units)"
+    units = "" if scale == 1.0 and not offset else (
+        f" (x {scale:.3g}" + (f" {'+' if offset > 0 else '-'} {abs(offset):.3g}" if offset else "") + ": in the reward's units)"
+    )  # fmt: skip
     return {
         "reward-model": f"critic from {source} with its trained reward-model head{units}",
         "zero": f"critic from {source} with a zero value head",
