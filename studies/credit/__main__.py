@@ -1,6 +1,6 @@
 """The credit-assignment study's runner, every edition: pre-registered, powered, censoring-aware.
 
-    python -m studies.credit --edition {1,2,3,4} [--quick] [--workers 2] [--threads 1]
+    python -m studies.credit --edition {1,2,3,4,5} [--quick] [--workers 2] [--threads 1] [--pilot]
                              [--tasks target,units,prefix] [--report-only] [--out studies/credit]
 
 From the repository root. An edition's design is its folder's ``protocol.yaml`` (with
@@ -47,9 +47,12 @@ def fail(message: str) -> None:
 
 def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m studies.credit", description=__doc__.splitlines()[0])
-    parser.add_argument("--edition", type=int, choices=sorted(PROTOCOL_FILES), default=3, help="which edition's committed "
+    parser.add_argument("--edition", type=int, choices=sorted(PROTOCOL_FILES) + [5], default=3, help="which edition's committed "
                         "protocol: 1 (issue 22, steps, not pre-registered), 2 (issue 28, steps), 3 (issue 35: token "
-                        "budgets, the segment value sigma) or 4 (issue 43: TL;DR at 135M, studies/credit/fourth.py)")  # fmt: skip
+                        "budgets, the segment value sigma), 4 (issue 43: TL;DR at 135M, studies/credit/fourth.py) or 5 "
+                        "(issue 55: HH-RLHF at 135M, studies/credit/fifth.py; for now its pilot, --pilot)")  # fmt: skip
+    parser.add_argument("--pilot", action="store_true", help="fifth edition: its pilot (studies/credit/fifth/pilot.yaml), "
+                        "from which its protocol is written")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the protocol's quick mode: the same code path in minutes")
     parser.add_argument("--tasks", default=None, help="comma-separated subset of the protocol's tasks (default: all; "
                         "leaving one out is a deviation the report prints)")  # fmt: skip
@@ -72,6 +75,14 @@ def main(argv=None) -> None:
         return first.main(args)
     if args.configs is not None:
         fail("--configs is the first edition's; the second and third pick arms by their protocol")
+    if args.edition == 5:
+        if not args.pilot:
+            fail("the fifth edition's protocol is written from its pilot's figures: run it with --pilot first")
+        from . import fifth
+
+        return fifth.run(args)
+    if args.pilot:
+        fail("--pilot is the fifth edition's")
     if args.edition == 4:
         if args.estimate or args.tasks:
             fail("--estimate and --tasks are the second and third editions'; the fourth's cost is in its PROTOCOL.md")

@@ -143,7 +143,7 @@ def train_models(settings: dict, files, work: Path, workers: int) -> dict:
     threads = settings["threads"]
     data = settings["data"]
     lengths = ["--max-prompt-length", data["prompt_tokens"], "--max-response-length", data["response_tokens"]]
-    common = ["--dataset", "tldr", "--dtype", settings["dtype"], *lengths, "--save-every", 20]
+    common = ["--dataset", data["source"], "--dtype", settings["dtype"], *lengths, "--save-every", 20]
     sft_run = work / "sft-run"
     if not _finished(sft_run / "sft"):
         s = settings["sft"]
@@ -170,22 +170,32 @@ def train_models(settings: dict, files, work: Path, workers: int) -> dict:
     return models
 
 
-def gate_one(settings: dict, files, rm: str) -> dict:
-    """The picked reward model on the test pairs (fourth_stats.gate_one)."""
-    from marlhf_cli.data.tldr import format_prompt
+def prompt_of(source: str, row: dict) -> str:
+    """The prompt text of a pair file's row: the paper's TL;DR format from a post's fields, or
+    the row's own prompt (an HH dialogue)."""
+    if source == "tldr":
+        from marlhf_cli.data.tldr import format_prompt
+
+        return format_prompt(row["subreddit"], row["title"], row["post"])
+    return row["prompt"]
+
+
+def gate_one(settings: dict, pairs: Path, rm: str, length_rules: tuple[str, ...] = ("longer",)) -> dict:
+    """The picked reward model on the pairs of the file ``pairs`` against the better of the
+    ``length_rules`` (fourth_stats.gate_one)."""
     from marlhf_cli.evaluate.rm_judge import score_texts
     from marlhf_cli.models import load_reward_model, load_tokenizer
     from marlhf_cli.train.forward import disable_dropout
 
     from .fourth_data import read_jsonl
 
-    rows = read_jsonl(files.rm_test)
+    rows = read_jsonl(pairs)
     tokenizer = load_tokenizer(rm)
     model = load_reward_model(rm)
     disable_dropout(model)
     model.eval().requires_grad_(False)
-    prompts = [format_prompt(r["subreddit"], r["title"], r["post"]) for r in rows]
     data = settings["data"]
+    prompts = [prompt_of(data["source"], r) for r in rows]
 
     def scores(key: str) -> list[float]:
         return score_texts(model, tokenizer, prompts, [r[key] for r in rows], max_prompt=data["prompt_tokens"],
@@ -196,7 +206,7 @@ def gate_one(settings: dict, files, rm: str) -> dict:
 
     chosen, rejected = scores("chosen"), scores("rejected")
     result = S.gate_one(chosen, rejected, tokens("chosen"), tokens("rejected"), bar=settings["gate1"]["accuracy"],
-                        alpha=settings["gate1"]["alpha"])  # fmt: skip
+                        alpha=settings["gate1"]["alpha"], length_rules=length_rules)  # fmt: skip
     return {"passed": result.passed, **{k: v for k, v in result.__dict__.items()}, "chosen_scores": chosen, "rejected_scores": rejected}
 
 
@@ -216,7 +226,7 @@ def ppo_job(settings: dict, models: dict, work: Path, phase: str, arm: str, acto
         "protocol": settings["digest"],
     }  # fmt: skip
     paths = model_paths(work, rm_lr)
-    paths |= {"data_file": str(data_files(work).ppo), "run": str(work / "ppo" / ppo_path(Path(), job).with_suffix("").as_posix().replace("/", "_"))}
+    paths |= {"dataset": settings["data"]["source"], "data_file": str(data_files(work).ppo), "run": str(work / "ppo" / ppo_path(Path(), job).with_suffix("").as_posix().replace("/", "_"))}
     return job | {"paths": paths}
 
 
@@ -241,7 +251,7 @@ def run_ppo(job: dict) -> dict:
     work = Path(paths["run"])
     resume = any((work / "ppo").glob("*/checkpoints/**/latest"))
     config = H.ppo_config(
-        work, name="run", policy=paths["sft"], reward_model=paths["rm"], dataset="tldr", data_file=paths["data_file"],
+        work, name="run", policy=paths["sft"], reward_model=paths["rm"], dataset=paths["dataset"], data_file=paths["data_file"],
         split_shares="0/0/100", dtype=job["model"]["dtype"], **job["flags"], **job["stage"], actor_lr=job["lr"],
         critic_lr=job["critic_lr"], max_steps=job["steps"], seed=job["seed"], resume=resume,
     )  # fmt: skip
@@ -357,7 +367,7 @@ def _course(args, settings: dict, root: Path, workers: Workers) -> int:
         _record(root / "data.json", lambda: data)
     report.data = json.loads((root / "data.json").read_text())
     report.models = models = _record(root / "models.json", lambda: train_models(settings, files, work, args.workers))
-    report.gate1 = gate1 = _record(root / "gate1.json", lambda: gate_one(settings, files, model_paths(work, models["picked_rm_lr"])["rm"]))
+    report.gate1 = gate1 = _record(root / "gate1.json", lambda: gate_one(settings, files.rm_test, model_paths(work, models["picked_rm_lr"])["rm"]))
     if not gate1["passed"] and settings["enforce_gates"]:
         report.stopped("gate 1")
         return report.print()

@@ -3,7 +3,8 @@ the decision rule's speedup with its bootstrap over seeds. Pure functions of num
 
 Gate 1 (PROTOCOL.md): on the test pairs (posts no stage trained on) the reward model is right
 on a pair when it scores the chosen summary higher (a tie counts a half). The length baseline
-picks the longer summary in tokens (a tie counts a half). The gate passes when the reward
+picks the longer summary in tokens (a tie counts a half); the fifth edition's, the better of
+that rule and its opposite on the same pairs. The gate passes when the reward
 model's accuracy is at least the bar **and** it beats the length baseline on the same pairs:
 an exact one-sided McNemar test (a binomial test on the discordant pairs, where exactly one of
 the two is right; pairs where either is tied are left out of the test). The length-controlled
@@ -44,6 +45,7 @@ class GateOne:
     strata: dict  # "chosen longer" / "chosen shorter" / "same length" -> (pairs, accuracy)
     bar: float
     alpha: float
+    length_rule: str = "longer"  # the length baseline: "longer" (wins) or "shorter", the better of those asked for
 
     @property
     def passed(self) -> bool:
@@ -55,14 +57,27 @@ def _right(a: float, b: float) -> float:
     return 0.5 if a == b else float(a > b)
 
 
+def length_rule(chosen_tokens: Sequence[int], rejected_tokens: Sequence[int], rule: str) -> list[float]:
+    """Per pair, whether a judge of length alone is right: ``longer`` picks the longer response,
+    ``shorter`` the shorter (a tie counts a half either way)."""
+    if rule not in ("longer", "shorter"):
+        raise ValueError(f"no length rule called {rule!r}; choose longer or shorter")
+    sign = 1 if rule == "longer" else -1
+    return [_right(sign * c, sign * r) for c, r in zip(chosen_tokens, rejected_tokens)]
+
+
 def gate_one(chosen_scores: Sequence[float], rejected_scores: Sequence[float], chosen_tokens: Sequence[int],
-             rejected_tokens: Sequence[int], *, bar: float, alpha: float) -> GateOne:  # fmt: skip
+             rejected_tokens: Sequence[int], *, bar: float, alpha: float, length_rules: Sequence[str] = ("longer",)) -> GateOne:  # fmt: skip
+    """Gate 1 against the better of ``length_rules`` on these pairs (the fourth edition: the
+    longer response alone; the fifth: the better of longer and shorter, since HH's harmless
+    pairs prefer the shorter response)."""
     from scipy.stats import binomtest
 
     from marlhf_cli.evaluate.stats import wilson
 
     rm = [_right(c, r) for c, r in zip(chosen_scores, rejected_scores)]
-    length = [_right(c, r) for c, r in zip(chosen_tokens, rejected_tokens)]
+    rule = max(length_rules, key=lambda name: sum(length_rule(chosen_tokens, rejected_tokens, name)))
+    length = length_rule(chosen_tokens, rejected_tokens, rule)
     decided = [(a, b) for a, b in zip(rm, length) if a != 0.5 and b != 0.5]
     rm_only = sum(1 for a, b in decided if a == 1 and b == 0)
     length_only = sum(1 for a, b in decided if a == 0 and b == 1)
@@ -76,7 +91,7 @@ def gate_one(chosen_scores: Sequence[float], rejected_scores: Sequence[float], c
     return GateOne(
         pairs=len(rm), accuracy=correct / len(rm), accuracy_interval=tuple(wilson(round(correct), len(rm))),
         length_accuracy=sum(length) / len(length), rm_only=rm_only, length_only=length_only, p_value=float(p),
-        length_controlled=(longer + shorter) / 2, strata=strata, bar=bar, alpha=alpha,
+        length_controlled=(longer + shorter) / 2, strata=strata, bar=bar, alpha=alpha, length_rule=rule,
     )  # fmt: skip
 
 
