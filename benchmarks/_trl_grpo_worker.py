@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--paged", action="store_true", help="transformers' continuous batching (use_transformers_paged)")
+    parser.add_argument("--beta", type=float, default=0.05, help="the KL loss's coefficient (0: TRL loads no reference)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--work-dir", required=True)
     args = parser.parse_args()
@@ -59,7 +60,7 @@ def main() -> None:
         output_dir=os.path.join(args.work_dir, f"trl-grpo-{time.time_ns()}"), use_cpu=args.device == "cpu",
         bf16=args.dtype == "bf16" and args.device != "cpu", per_device_train_batch_size=args.batch,
         num_generations=args.group, max_completion_length=args.new_tokens, temperature=args.temperature, top_k=0, top_p=1.0,
-        learning_rate=1.5e-5, beta=0.05, loss_type="dapo", scale_rewards="group", num_iterations=1, epsilon=0.2,
+        learning_rate=1.5e-5, beta=args.beta, loss_type="dapo", scale_rewards="group", num_iterations=1, epsilon=0.2,
         max_steps=args.steps, logging_steps=1, report_to=[], save_strategy="no", disable_dropout=True, seed=0,
         use_transformers_paged=args.paged, dataloader_num_workers=0, lr_scheduler_type="constant",
     )  # fmt: skip

@@ -47,10 +47,10 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 import _harness as H  # noqa: E402  (offline environment first)
+from _outcomes import print_table, ratio_interval, reached, summarise  # noqa: E402
 from critic_fit import QUICK_TASKS, STAGE, TASKS  # noqa: E402  (the third edition's tasks and stage)
 
 BUDGET, QUICK_BUDGET = 17920, 768
-THRESHOLD, WINDOW = 0.8, 5
 RESPONSES, N, M, K, D = 8, 5, 2, 2, 2
 # the third edition's picks (studies/credit/third, its report): rloo's and mc's actor rate per task
 PICKS = {"target": {"rloo": 0.03, "mc": 0.12}, "units": {"rloo": 0.015, "mc": 0.24}, "prefix": {"rloo": 0.03, "mc": 0.24}}
@@ -87,72 +87,6 @@ def jobs(tasks: dict[str, int], seeds: int, budget: int) -> list[dict]:
     return out
 
 
-def reached(record: dict) -> tuple[int, float] | None:
-    """(steps, generated tokens) to the threshold, or None."""
-    from studies.credit.survival import reached_step
-
-    step = reached_step(record["score"], THRESHOLD, WINDOW)
-    return None if step is None else (step, float(sum(record["generated_tokens"][:step])))
-
-
-def wilson(successes: int, n: int) -> tuple[float, float]:
-    from scipy.stats import binomtest
-
-    interval = binomtest(successes, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return float(interval.low), float(interval.high)
-
-
-def median_interval(values: list[float]) -> tuple[float, float] | None:
-    if len(values) < 2 or len(set(values)) < 2:
-        return None if not values else (values[0], values[0])
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    result = bootstrap((np.array(values),), np.median, confidence_level=0.95, method="percentile", n_resamples=2000,
-                       random_state=np.random.default_rng(0))  # fmt: skip
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
-
-
-def summarise(records: list[dict]) -> list[dict]:
-    rows = []
-    for task in dict.fromkeys(r["task"] for r in records):
-        for arm in ARMS:
-            for lr in sorted({r["lr"] for r in records if r["task"] == task and r["arm"] == arm}):
-                runs = [r for r in records if r["task"] == task and r["arm"] == arm and r["lr"] == lr]
-                hits = [h for h in map(reached, runs) if h is not None]
-                steps, tokens = [h[0] for h in hits], [h[1] for h in hits]
-                rows.append({
-                    "task": task, "arm": arm, "lr": lr, "runs": len(runs), "reached": len(hits),
-                    "reach_interval": wilson(len(hits), len(runs)),
-                    "tokens": statistics.median(tokens) if tokens else None, "tokens_interval": median_interval(tokens),
-                    "steps": statistics.median(steps) if steps else None, "steps_interval": median_interval(steps),
-                    "tokens_per_step": statistics.median(statistics.mean(r["generated_tokens"]) for r in runs),
-                    "step_time": statistics.median(r["step_time"] for r in runs),
-                    "final_score": statistics.fmean(statistics.fmean(r["score"][-WINDOW:]) for r in runs),
-                })  # fmt: skip
-    return rows
-
-
-def _interval(value, interval, spec: str) -> str:
-    if value is None:
-        return "-"
-    if interval is None:
-        return format(value, spec)
-    return f"{format(value, spec)} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
-
-
-def ratio_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
-    """median(a) / median(b) and a bootstrap 95% interval (the two samples resampled apart)."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    x, y = np.array(a), np.array(b)
-    draws = [np.median(rng.choice(x, len(x))) / np.median(rng.choice(y, len(y))) for _ in range(2000)]
-    return float(np.median(x) / np.median(y)), float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
-
-
 def print_ratios(records: list[dict]) -> None:
     """tree against rloo and mc at each rate: the ratio of the median tokens (and steps) to the
     threshold over the runs that reached it (below 1: the tree needed fewer)."""
@@ -171,17 +105,6 @@ def print_ratios(records: list[dict]) -> None:
         for lr in sorted({r["lr"] for r in records if r["task"] == task}):
             print(f"| {task} | {lr:g} | {cell(task, lr, 'rloo', 1)} | {cell(task, lr, 'mc-fixed5', 1)} "
                   f"| {cell(task, lr, 'rloo', 0)} | {cell(task, lr, 'mc-fixed5', 0)} |")  # fmt: skip
-
-
-def print_table(rows: list[dict]) -> None:
-    print("| task | arm | actor rate | reached [95% CI] | tokens to 0.8, median [95% CI] | steps to 0.8, median [95% CI] "
-          "| tokens / step | s / step | final score |")  # fmt: skip
-    print("|---|---|---:|---|---|---|---:|---:|---:|")
-    for r in rows:
-        low, high = r["reach_interval"]
-        print(f"| {r['task']} | {r['arm']} | {r['lr']:g} | {r['reached']}/{r['runs']} [{low:.2f}, {high:.2f}] "
-              f"| {_interval(r['tokens'], r['tokens_interval'], ',.0f')} | {_interval(r['steps'], r['steps_interval'], 'g')} "
-              f"| {r['tokens_per_step']:,.0f} | {r['step_time']:.2f} | {r['final_score']:.3f} |")  # fmt: skip
 
 
 def timing(rounds: int = 5, steps: int = 8) -> None:
@@ -282,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# exploratory: {len(tasks)} tasks x {len(ARMS)} arms, seeds 0-{args.seeds - 1}, {budget:,} generated tokens per run, "
           f"{RESPONSES} responses per step; tree K={K} D={D} fixed {N}, mc M={M} fixed {N}")  # fmt: skip
     records = run_jobs(jobs(tasks, args.seeds, budget), args.out, args.workers, threads=1, label="tree rollouts")
-    print_table(summarise(records))
+    print_table(summarise(records, ARMS))
     print()
     print_ratios(records)
     return 0

@@ -77,7 +77,7 @@ import _harness as H  # noqa: E402
 
 TRL_PYTHON = H.BENCH_DIR / ".venv-trl" / "bin" / "python"
 TRL_NEW_PYTHON = H.BENCH_DIR / ".venv-trl-new" / "bin" / "python"  # TRL's newest release: its GRPOTrainer
-SETTINGS = dict(batch=8, new_tokens=64, temperature=0.8, group=4)
+SETTINGS = dict(batch=8, new_tokens=64, temperature=0.8, group=4, kl_coef=0.05)
 
 
 def prepare(work: Path, args) -> dict:
@@ -150,8 +150,8 @@ def marlhf_config(work: Path, args, *, steps: int):
             dataset=str(work / "prompts-cut.jsonl"), advantage="grpo", samples_per_prompt=group,
             rollout_batch_size=SETTINGS["batch"] // group, mini_batch_size=SETTINGS["batch"], ppo_epochs=1,
             max_new_tokens=SETTINGS["new_tokens"], max_prompt_length=4 * args.prompt_tokens, temperature=SETTINGS["temperature"],
-            top_k=0, top_p=1.0, kl_coef=0.05, clip_range=0.2, actor_lr=1.5e-5, lr_scheduler="constant", dtype=args.dtype,
-            max_steps=steps, generation=args.generation, eval_every=0, eval_prompts=0, save_every=0, seed=0,
+            top_k=0, top_p=1.0, kl_coef=SETTINGS["kl_coef"], clip_range=0.2, actor_lr=1.5e-5, lr_scheduler="constant",
+            dtype=args.dtype, max_steps=steps, generation=args.generation, eval_every=0, eval_prompts=0, save_every=0, seed=0,
         )  # fmt: skip
     return H.ppo_config(
         work / f"marlhf-run-{time.time_ns()}", policy=str(work / "policy"), reward_model=str(work / "reward"),
@@ -208,13 +208,13 @@ def run_tool(tool: str, work: Path, args, index: int) -> dict:
         command = [sys.executable, __file__, "--marlhf-worker", "--work", str(work), "--dtype", args.marlhf_dtype or args.dtype,
                    "--prompt-tokens", str(args.prompt_tokens), "--batch", str(SETTINGS["batch"]), "--group", str(SETTINGS["group"]),
                    "--new-tokens", str(SETTINGS["new_tokens"]), "--generation", args.generation, "--algorithm", args.algorithm,
-                   *common]  # fmt: skip
+                   "--kl-coef", str(SETTINGS["kl_coef"]), *common]  # fmt: skip
     elif tool == "trl-grpo":
         command = [str(args.trl_grpo_python), str(H.BENCH_DIR / "_trl_grpo_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompts-cut.jsonl"), "--work-dir", str(work),
                    "--batch", str(SETTINGS["batch"]), "--group", str(SETTINGS["group"]), "--new-tokens", str(SETTINGS["new_tokens"]),
                    "--dtype", args.trl_dtype or args.dtype, "--temperature", str(SETTINGS["temperature"]),
-                   *(["--paged"] if args.paged else []), *common]  # fmt: skip
+                   "--beta", str(SETTINGS["kl_coef"]), *(["--paged"] if args.paged else []), *common]  # fmt: skip
     else:
         command = [str(args.trl_python), str(H.BENCH_DIR / "_trl_worker.py"), "--policy", str(work / "policy"),
                    "--reward", str(work / "reward"), "--prompts", str(work / "prompt_ids.json"), "--work-dir", str(work),
@@ -262,6 +262,8 @@ def main() -> None:
     parser.add_argument("--trl-grpo-python", type=Path, default=TRL_NEW_PYTHON,
                         help="grpo: an interpreter with TRL's newest release (default: benchmarks/.venv-trl-new)")
     parser.add_argument("--paged", action="store_true", help="grpo: TRL generates with transformers' continuous batching")
+    parser.add_argument("--kl-coef", type=float, default=SETTINGS["kl_coef"], help="grpo: beta of the k3 KL loss, both tools "
+                        "(0: neither loads nor runs a reference; default %(default)s)")  # fmt: skip
     parser.add_argument("--generation", choices=("auto", "eager", "compiled"), default="auto",
                         help="marlhf's sampler (--generation; auto: compiled on CUDA, eager on a CPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
@@ -271,7 +273,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     H.add_device_args(parser)
     args = parser.parse_args()
-    SETTINGS.update(batch=args.batch, new_tokens=args.new_tokens, group=args.group)
+    SETTINGS.update(batch=args.batch, new_tokens=args.new_tokens, group=args.group, kl_coef=args.kl_coef)
     if args.marlhf_worker:
         return marlhf_worker(args)
     trl_python = args.trl_grpo_python if args.algorithm == "grpo" else args.trl_python

@@ -167,7 +167,9 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     clip_range: float = 0.2
     value_clip_range: float = 0.2
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float | str = 0.95  # a number in [0, 1], or "adaptive": 1 - 1 / (lam_alpha * l) per response (VAPO)
+    lam_alpha: float = 0.05  # adaptive lambda's alpha (VAPO's 0.05)
+    critic_lambda: float | None = None  # the critic's targets' lambda (decoupled GAE); None: --lam's
     kl_coef: float = 0.05
     kl_estimator: str = "k1"  # k1 | k3
     reward_clip: float = 5.0  # ours: bounds the RM score placed at the last token
@@ -315,6 +317,11 @@ def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
     kind = next((k for k in _SCALARS if re.search(rf"\b{k}\b", annotation)), None)
     if kind is None:
         return value
+    if kind == "float" and re.search(r"\bstr\b", annotation) and isinstance(value, str):
+        try:  # a number or a word (--lam 0.9, --lam adaptive): the word is checked by ACCEPTS
+            return float(value)
+        except ValueError:
+            return value.strip()
     if kind == "float" and isinstance(value, str) and value.strip().lower() in {"inf", "infinity"}:
         return math.inf
     if kind == "str" and isinstance(value, (list, tuple)):  # a YAML list: the flag's comma-separated form
@@ -428,23 +435,6 @@ def to_yaml(config: Any) -> str:
 
 
 __all__ = [
-    "CommonConfig",
-    "DataConfig",
-    "TrainingDataConfig",
-    "EngineConfig",
-    "LoRAConfig",
-    "LoRATrainingConfig",
-    "SFTConfig",
-    "RMConfig",
-    "PPOConfig",
-    "SegmentConfig",
-    "BonConfig",
-    "JudgeConfig",
-    "PassKConfig",
-    "STAGES",
-    "resolve",
-    "validate",
-    "read_config_file",
-    "to_dict",
-    "to_yaml",
-]
+    "CommonConfig", "DataConfig", "TrainingDataConfig", "EngineConfig", "LoRAConfig", "LoRATrainingConfig", "SFTConfig", "RMConfig", "PPOConfig",
+    "SegmentConfig", "BonConfig", "JudgeConfig", "PassKConfig", "STAGES", "resolve", "validate", "read_config_file", "to_dict", "to_yaml",
+]  # fmt: skip

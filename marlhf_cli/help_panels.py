@@ -28,6 +28,7 @@ SHARED = {
     **dict.fromkeys(("--termination", "--n", "--cutoff", "--value-function", "--ratio", "--parser-backend",
                      "--parse-workers"), "Macro actions"),
     **dict.fromkeys(("--advantage", "--samples-per-prompt", "--mc-rollouts", "--mc-max-boundaries", "--tree-branches", "--tree-depth", "--gamma", "--lam",
+                     "--lam-alpha", "--critic-lambda",
                      "--kl-coef", "--kl-estimator", "--reward-clip", "--whiten-advantages", "--missing-eos-penalty"),
                     "Advantage"),
     **dict.fromkeys(("--lr", "--batch-size", "--epochs", "--max-steps", "--rollout-batch-size", "--mini-batch-size",

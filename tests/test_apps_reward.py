@@ -152,7 +152,7 @@ def test_reward_through_the_sandbox(sandboxed):
 
 def test_reward_function_fits_the_ppo_interface(sandboxed):
     torch = pytest.importorskip("torch")
-    from marlhf_cli.train.ppo.rewards import RewardFn, ScoringBatch
+    from marlhf_cli.scoring.rewards import RewardFn, ScoringBatch
 
     reward = apps.AppsReward()
     assert isinstance(reward, RewardFn)

@@ -294,7 +294,7 @@ def test_the_reward_model_reads_its_score_on_the_end_of_turn_token(tiny_models, 
     turn, exactly as a forward over the unpadded sequence puts it."""
     import torch
 
-    from marlhf_cli.train.scoring import sequence_scores, token_values
+    from marlhf_cli.scoring.heads import sequence_scores, token_values
 
     tokenizer, _, reward_model = tiny_models
     record = one_record(tmp_path, ROWS["conversational"])

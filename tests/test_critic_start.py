@@ -50,6 +50,40 @@ def test_pooled_explained_variance_is_the_explained_variance_of_all_the_tokens(s
         assert got == pytest.approx(expected, rel=1e-7, abs=1e-9)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(2, 40), min_size=1, max_size=12), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
+def test_within_step_explained_variance_is_that_of_the_tokens_about_their_steps_means(sizes, seed, shift):
+    """From each step's count and variances it equals 1 - SS(residual) / SS(target) over the
+    steps' tokens, each centred on its own step's means (numpy)."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for i, n in enumerate(sizes):
+        y = rng.normal(shift * i, 1.0, n)
+        steps.append((y, y + rng.normal(0.0, 0.7, n)))
+    rows = [_step_row(y, v) for y, v in steps]
+    residual = sum((((y - v) - (y - v).mean()) ** 2).sum() for y, v in steps)
+    target = sum(((y - y.mean()) ** 2).sum() for y, _ in steps)
+    assert critic_fit.within_step_explained_variance(rows) == pytest.approx(1 - residual / target, rel=1e-7, abs=1e-9)
+
+
+def test_within_step_fit_tells_a_moving_average_from_a_critic_that_ranks():
+    """Targets whose mean moves from step to step: a critic that predicts each step's mean and
+    nothing else explains much pooled and nothing within steps; one that also ranks a step's
+    responses explains much on both."""
+    rng = np.random.default_rng(0)
+    means = rng.normal(0.0, 3.0, 10)
+    average, ranking = [], []
+    for mean in means:
+        y = mean + rng.normal(0.0, 1.0, 32)
+        average.append(_step_row(y, np.full(32, y.mean())))
+        ranking.append(_step_row(y, y + rng.normal(0.0, 0.3, 32)))
+    assert critic_fit.pooled_explained_variance(average) > 0.8
+    assert critic_fit.within_step_explained_variance(average) == pytest.approx(0.0, abs=1e-9)
+    assert critic_fit.within_step_explained_variance(ranking) > 0.8 and critic_fit.pooled_explained_variance(ranking) > 0.9
+    assert math.isnan(critic_fit.within_step_explained_variance([]))
+    assert math.isnan(critic_fit.within_step_explained_variance([_step_row(np.full(4, 0.3), np.zeros(4))]))
+
+
 def test_pooled_explained_variance_edges_and_window():
     assert math.isnan(critic_fit.pooled_explained_variance([]))
     assert math.isnan(critic_fit.pooled_explained_variance([{"split": "train", "score": 1.0}]))  # a critic-free row
@@ -198,7 +232,7 @@ def _config(tmp_path, **flags):
 def _build(config):
     from marlhf_cli.train.ppo.context import make_context
     from marlhf_cli.train.ppo.models import build_models
-    from marlhf_cli.train.ppo.rewards import TokenFractionReward
+    from marlhf_cli.scoring.rewards import TokenFractionReward
 
     reward = TokenFractionReward(torch.arange(100, 5000), eos_token_id=2, name="ids")
     from marlhf_cli.train import common
@@ -242,7 +276,7 @@ def _with_statistics(saved_models, mean: float, std: float):
     import json
     import shutil
 
-    from marlhf_cli.train.scoring import MEAN_KEY, STD_KEY
+    from marlhf_cli.scoring.heads import MEAN_KEY, STD_KEY
 
     folder = saved_models["rm"].parent / f"rm-mean{mean:g}-std{std:g}"
     if not folder.is_dir():
@@ -261,8 +295,8 @@ def test_a_reward_model_critic_starts_at_the_reward_it_will_assign(tmp_path, sav
     reward that shorter sequence would be given. Weight 0.5 is one of two --reward parts."""
     from marlhf_cli.train.forward import TokenValues, critic_values
     from marlhf_cli.train.ppo.models import build_models
-    from marlhf_cli.train.ppo.rewards import ScoringBatch
-    from marlhf_cli.train.scoring import VALUE_OFFSET_KEY
+    from marlhf_cli.scoring.rewards import ScoringBatch
+    from marlhf_cli.scoring.heads import VALUE_OFFSET_KEY
 
     flags = dict(reward_model=str(_with_statistics(saved_models, mean, std)))
     if weight != 1.0:  # several rewards: the reward model's weighted beside a function's
@@ -309,7 +343,7 @@ def test_the_offset_travels_with_the_exported_critic(tmp_path):
     a start other than the reward model's clears one a --reward-model critic brought."""
     pytest.importorskip("gguf")
     from marlhf_cli.models import load_reward_model
-    from marlhf_cli.train.scoring import VALUE_OFFSET_KEY, value_offset
+    from marlhf_cli.scoring.heads import VALUE_OFFSET_KEY, value_offset
 
     critic = load_reward_model("tiny")
     value_head.start(critic, "reward-model", trained=True, seed=0, scale=0.5, offset=-0.35)

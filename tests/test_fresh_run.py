@@ -59,7 +59,7 @@ def test_interrupted_fresh_sft_leaves_no_earlier_model(tmp_path, monkeypatch):
 
 def test_interrupted_fresh_ppo_leaves_no_earlier_model_or_samples(tmp_path):
     from marlhf_cli.train import ppo
-    from marlhf_cli.train.ppo.rewards import TokenFractionReward
+    from marlhf_cli.scoring.rewards import TokenFractionReward
 
     flags = dict(policy="tiny", reward_model="tiny", dataset="tldr", rollout_batch_size=2, mini_batch_size=2,
                  max_new_tokens=4, max_prompt_length=32, max_steps=1, eval_every=1, eval_prompts=2, save_every=0,

@@ -57,13 +57,14 @@ def test_only_the_cli_reaches_into_the_evaluations():
     assert not reaching, f"these import marlhf_cli.evaluate from below it: {reaching}"
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, annotations: bool = False) -> set[str]:
     """The marlhf_cli modules ``path`` imports, at module level or inside a function (a lazy
-    import is still a dependency), leaving out ``if TYPE_CHECKING:`` blocks (annotations only)."""
+    import is still a dependency), leaving out ``if TYPE_CHECKING:`` blocks (annotations
+    only) unless ``annotations``."""
     module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
     package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {
+    typing_only = set() if annotations else {
         id(inner) for node in ast.walk(tree)
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for inner in ast.walk(node)
     }  # fmt: skip
@@ -93,19 +94,21 @@ def _module_path(name: str) -> Path | None:
     return None
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(annotations: bool = False) -> dict[str, set[str]]:
     graph = {}
     for path in _modules():
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        graph[module] = {target.removesuffix(".__init__") for target in _imports(path)} - {module}
+        graph[module] = {target.removesuffix(".__init__") for target in _imports(path, annotations)} - {module}
     return graph
 
 
 def test_no_module_imports_itself_back():
-    """No import circle anywhere in the package, lazy imports included (artifacts.py and
-    provenance.py once imported each other; the sampler's three modules did too): a circle is
+    """No import circle anywhere in the package, lazy imports and annotation-only imports
+    included (artifacts.py and provenance.py once imported each other; the sampler's three
+    modules did too; ppo's estimators named the Context built from the plan that reads them,
+    the sandbox's execution the Isolation type of the containment that runs it): a circle is
     two modules that are one concern, or a helper in the wrong one."""
-    graph = _graph()
+    graph = _graph(annotations=True)
     circles, state = [], {}
 
     def visit(module, trail):
@@ -133,10 +136,21 @@ def test_the_sampler_sits_below_the_stages():
              for m, targets in graph.items() if m.startswith("marlhf_cli.generation")}  # fmt: skip
     assert not any(above.values()), f"the sampler imports from above it: {above}"
     assert graph["marlhf_cli.encode"] == set() and graph["marlhf_cli.console"] <= {"marlhf_cli.engine"}
-    # outside ppo only its reward interface is read (bon scores with ppo's reward functions)
-    reaching = {m: sorted(t for t in targets if t.startswith("marlhf_cli.train.ppo") and t != "marlhf_cli.train.ppo.rewards")
+    # nothing outside ppo reads it (bon once read ppo's reward interface, now scoring/'s)
+    reaching = {m: sorted(t for t in targets if t.startswith("marlhf_cli.train.ppo"))
                 for m, targets in graph.items() if not m.startswith("marlhf_cli.train.ppo") and m != "marlhf_cli.cli"}  # fmt: skip
     assert not any(reaching.values()), f"these reach into train/ppo: {reaching}"
+
+
+def test_reward_scoring_sits_below_the_stages_and_the_evaluations():
+    """marlhf_cli/scoring/ (the reward interface, the reward model's and the critic's heads)
+    serves ppo, rm, bon, judge --rm and the program rewards: it imports none of them, only the
+    sampler's text helpers and the leaves (evaluate/bon.py once reached into train/ppo for it)."""
+    graph = _graph(annotations=True)
+    allowed = ("marlhf_cli.scoring", "marlhf_cli.generation", "marlhf_cli.errors")
+    above = {m: sorted(t for t in targets if not t.startswith(allowed))
+             for m, targets in graph.items() if m.startswith("marlhf_cli.scoring")}  # fmt: skip
+    assert above and not any(above.values()), f"scoring imports from above it: {above}"
 
 
 def test_ppo_resolves_what_a_run_is_once():

@@ -132,7 +132,7 @@ def test_ppo_reference_and_reward_are_the_bases_and_only_adapters_train(tmp_path
     from marlhf_cli.models import load_causal_lm, load_reward_model
     from marlhf_cli.train import ppo
     from marlhf_cli.train.forward import critic_values, policy_forward, resident
-    from marlhf_cli.train.ppo.rewards import RewardModelReward, ScoringBatch
+    from marlhf_cli.scoring.rewards import RewardModelReward, ScoringBatch
 
     config = config_module.resolve("ppo", flags={**SMALL, "run_dir": str(tmp_path)})
     eng.init_distributed()
@@ -224,7 +224,7 @@ def _causal_logp(model, ids, mask):
 def _scores(model, ids, mask):
     import torch
 
-    from marlhf_cli.train import scoring
+    from marlhf_cli.scoring import heads as scoring
 
     with torch.no_grad():
         return scoring.sequence_scores(model.eval(), ids, mask)

@@ -39,7 +39,8 @@ def test_the_registry_holds_every_estimator_and_the_option_lists_agree():
     from marlhf_cli.train.ppo import estimators
 
     assert tuple(estimators.ESTIMATORS) == ADVANTAGE_ESTIMATORS == accepts.ADVANTAGES
-    every = estimators.RULE_OPTIONS + estimators.CRITIC_OPTIONS + estimators.MC_OPTIONS + estimators.TREE_OPTIONS
+    every = (estimators.RULE_OPTIONS + estimators.CRITIC_OPTIONS + estimators.GROUP_OPTIONS + estimators.MC_OPTIONS
+             + estimators.TREE_OPTIONS)  # fmt: skip
     assert flags.ESTIMATOR_FIELDS == every
     table = {name: (e.critic, e.segments, e.kl_in_loss, e.group_size) for name, e in estimators.ESTIMATORS.items()}
     assert table == {"gae": (True, True, False, 1), "rloo": (False, False, False, 4), "grpo": (False, False, True, 4),
@@ -47,7 +48,9 @@ def test_the_registry_holds_every_estimator_and_the_option_lists_agree():
     assert [name for name, e in estimators.ESTIMATORS.items() if e.draws or e.leaves] == ["tree"]
     for entry in estimators.ESTIMATORS.values():
         assert set(entry.reads) <= set(every)
-    assert set(estimators.ESTIMATORS["mc"].reads) == {"termination", "n", "cutoff", "mc_rollouts", "mc_max_boundaries"}
+    assert set(estimators.ESTIMATORS["mc"].reads) == {"termination", "n", "cutoff", "samples_per_prompt", "mc_rollouts", "mc_max_boundaries"}
+    # every estimator takes --samples-per-prompt but the tree, whose K^D leaves are its group
+    assert [name for name, e in estimators.ESTIMATORS.items() if "samples_per_prompt" not in e.reads] == ["tree"]
     with pytest.raises(ValueError, match="registered twice"):
         estimators.register("mc", **{f: None for f in ("critic", "segments", "kl_in_loss", "group_size", "reads", "describe", "what_it_is")})(print)
 

@@ -56,11 +56,12 @@ BAD_TEXT = {
     "--temperature": "0",  # bon: a list of temperatures
     "--chat-template": "no-such-template.jinja",  # auto, none or a file
     "--lora-targets": ",",
+    "--lam": "sometimes",  # a number in [0, 1], or adaptive
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [
     ("segment", "--n", "-3"), ("segment", "--n", "2.5"), ("segment", "--cutoff", "-1"),
-    ("ppo", "--top-p", "1.5"), ("ppo", "--gamma", "2"), ("ppo", "--lam", "1.01"),
+    ("ppo", "--top-p", "1.5"), ("ppo", "--gamma", "2"), ("ppo", "--lam", "1.01"), ("ppo", "--lam", "-1"), ("ppo", "--critic-lambda", "1.5"), ("ppo", "--lam-alpha", "0"),
     ("ppo", "--n", "-3"), ("ppo", "--critic-warmup-steps", "-1"), ("sft", "--warmup-ratio", "1"), ("sft", "--zero-stage", "4"),
     ("bon", "--n", "4,-8"), ("bon", "--temperature", "0.5,0"), ("bon", "--top-p", "0"),
     ("passk", "--n", "0"), ("judge", "--timeout", "0"),

@@ -46,7 +46,7 @@ def prompts_file(tmp_path_factory):
 
 def target_reward():
     from marlhf_cli.models import load_causal_lm, load_tokenizer
-    from marlhf_cli.train.ppo.rewards import TokenFractionReward
+    from marlhf_cli.scoring.rewards import TokenFractionReward
 
     embedding = load_causal_lm("tiny").get_input_embeddings().weight.detach()
     direction = torch.randn(embedding.shape[1], generator=torch.Generator().manual_seed(0))

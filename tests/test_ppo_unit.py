@@ -26,7 +26,7 @@ from marlhf_cli.train.forward import (
     policy_forward,
     position_ids_from_mask,
 )
-from marlhf_cli.train.ppo.rewards import ScoringBatch, TokenFractionReward
+from marlhf_cli.scoring.rewards import ScoringBatch, TokenFractionReward
 from marlhf_cli.generation import SamplingParams, draw, filter_logits, response_mask, sample, texts
 from marlhf_cli.generation.texts import tokenize_prompts
 from marlhf_cli.train.ppo.update import UpdateSettings, ppo_update

@@ -347,7 +347,7 @@ def test_several_rewards_are_checked_as_options(rewards, tmp_path):
 def test_weighted_rewards_sum_the_parts_and_keep_each_ones_scores(rewards):
     from types import SimpleNamespace
 
-    from marlhf_cli.train.ppo.rewards import TokenFractionReward, WeightedRewards
+    from marlhf_cli.scoring.rewards import TokenFractionReward, WeightedRewards
 
     generator = torch.Generator().manual_seed(0)
     for trial in range(20):

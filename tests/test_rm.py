@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from _toy_prefs import sft_then_rm, write_toy_preferences
-from marlhf_cli.train import rm, scoring
+from marlhf_cli.scoring import heads as scoring
+from marlhf_cli.train import rm
 
 
 @pytest.fixture(scope="module")

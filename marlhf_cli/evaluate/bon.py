@@ -14,7 +14,7 @@ ppo``'s evaluation: prompts are rendered and encoded as in training (``--chat-te
 :func:`..generation.texts.generate`, left-padded, mask-derived positions, plain ``logits /
 T`` sampling, top-k/top-p only when asked, stopping at EOS or the template's end of turn),
 and the reward model reads its score at the last real response token
-(:class:`..train.ppo.rewards.RewardModelReward`). When the reward model's tokenizer differs from
+(:class:`marlhf_cli.scoring.rewards.RewardModelReward`). When the reward model's tokenizer differs from
 the policy's, responses are re-tokenized as text for it (:func:`.rm_judge.score_texts`).
 
 Resumable: each finished temperature is written to ``bon/<name>/t<T>.json`` (every sample
@@ -107,7 +107,7 @@ class TextReward:
 
     def __init__(self, model, tokenizer, *, chat_template: str, normalize: bool, max_prompt: int, max_response: int, batch_size: int):
         from ..chat import ChatFormat
-        from ..train.scoring import reward_stats
+        from ..scoring.heads import reward_stats
 
         self.model, self.tokenizer = model, tokenizer
         self.chat = ChatFormat(tokenizer, chat_template)
@@ -133,7 +133,7 @@ def load_models(config, policy: str, reward_model: str | None) -> Models:
     from ..chat import ChatFormat
     from ..models import load_causal_lm, load_reward_model, load_tokenizer
     from ..train.forward import disable_dropout
-    from ..train.ppo.rewards import RewardModelReward
+    from ..scoring.rewards import RewardModelReward
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(policy, padding_side="left")
@@ -163,7 +163,7 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
 
     from ..generation import SamplingParams
     from ..generation.texts import generate
-    from ..train.ppo.rewards import scoring_batch
+    from ..scoring.rewards import scoring_batch
 
     sampling = SamplingParams(
         temperature, config.top_k, config.top_p, config.max_new_tokens, generation=config.generation,

@@ -5,7 +5,7 @@ model costs nothing per pair. Scores are read exactly as ``marlhf rm`` trains an
 them: prompt tokens (the end kept when too long) + response tokens + EOS (or, for a sample
 that carries its conversation, rendered with ``--chat-template`` and ended by the template's
 end-of-turn token: :mod:`marlhf_cli.chat`), the score at the last real token
-(:func:`marlhf_cli.train.scoring.sequence_scores`). Equal scores (within
+(:func:`marlhf_cli.scoring.heads.sequence_scores`). Equal scores (within
 1e-6) are a tie, which in practice means identical responses.
 """
 
@@ -30,7 +30,7 @@ def score_rendered(model, tokenizer, rendered: Sequence[Rendered], *, max_prompt
     import torch
 
     from ..encode import attention_mask, encode_prompt, encode_response, pad_right
-    from ..train.scoring import sequence_scores
+    from ..scoring.heads import sequence_scores
 
     rows = [
         encode_prompt(tokenizer, r.prompt, max_prompt) + encode_response(tokenizer, r.response, max_response, r.end_id)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
     from .advantages import (
         VALUE_FUNCTIONS,
         SegmentLayout,
+        adaptive_lambda,
         discounted_reverse_cumsum,
         macro_advantages,
         num_segments,
@@ -82,6 +83,7 @@ _SOURCES = {
     "SegmentStats": ".segmentation",
     "TerminationRule": ".segmentation",
     "VALUE_FUNCTIONS": ".advantages",
+    "adaptive_lambda": ".advantages",
     "aggregate": ".losses",
     "boundary_plan": ".montecarlo",
     "cap_segments": ".montecarlo",
@@ -140,6 +142,7 @@ __all__ = [
     "SegmentLayout",
     "SegmentStats",
     "TerminationRule",
+    "adaptive_lambda",
     "aggregate",
     "boundary_plan",
     "cap_segments",

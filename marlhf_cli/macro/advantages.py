@@ -6,10 +6,16 @@ For one sample with segments k = 1..K over token sets S_k:
     R_k     = sum_{t in S_k} r[t]                    (a sum, never a mean: docs/method.md "Segment GAE")
     delta_k = R_k + gamma * V_{k+1} - V_k,  V_{K+1} = 0
     A_k     = sum_{l >= 0} (gamma * lam)^l * delta_{k+l}
-    Q_k     = A_k + V_k
+    Q_k     = A_k + V_k                              (the critic's target)
 
 and every token of S_k gets A_k and Q_k. With one token per segment this is exactly the
 token-level GAE of :func:`token_gae` (same kernel, bit for bit).
+
+Decoupled GAE (VAPO, Yue et al. 2025): the critic's target may use its own lambda,
+Q_k = A_k(critic_lam) + V_k, while the actor's advantage keeps ``lam`` (VAPO: critic 1, actor
+0.95); ``critic_lam=None`` is the one lambda of the paper, the same tensors bit for bit.
+Either lambda may be one number for the batch or one per response ([B]): the length-adaptive
+lambda of :func:`adaptive_lambda` is one per response.
 
 Relation to the paper (Chai et al., ICLR 2025): this follows docs/method.md where the two
 differ. R_k is the paper's segment reward with rho = 1 (rewards are summed, never averaged:
@@ -46,6 +52,7 @@ __all__ = [
     "segment_broadcast",
     "num_segments",
     "discounted_reverse_cumsum",
+    "adaptive_lambda",
     "macro_advantages",
     "token_gae",
 ]
@@ -208,26 +215,65 @@ def num_segments(mask: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
     return segment_layout(mask, segment_ids).segment_real.sum(dim=1)
 
 
-def discounted_reverse_cumsum(x: torch.Tensor, discount: float) -> torch.Tensor:
+def discounted_reverse_cumsum(x: torch.Tensor, discount: float | torch.Tensor) -> torch.Tensor:
     """out[:, k] = sum_{l >= 0} discount^l * x[:, k + l] along dim 1 (zero beyond the end).
 
-    Log-depth doubling scan: after the step with shift d, out[k] covers l < 2d; the factor
-    discount^d is formed by repeated squaring and is <= 1, so nothing grows.
+    ``discount``: one number, or one per row ([B]). Log-depth doubling scan: after the step
+    with shift d, out[k] covers l < 2d; the factor discount^d is formed by repeated squaring
+    and is <= 1, so nothing grows.
     """
     out = x
     length = x.shape[1]
-    shift, factor = 1, float(discount)
+    if isinstance(discount, torch.Tensor):
+        factor = discount.to(device=x.device, dtype=x.dtype).reshape(-1, 1)
+    else:
+        factor = float(discount)
+    shift = 1
     while shift < length:
         out = out + factor * F.pad(out[:, shift:], (0, shift))
         shift *= 2
-        factor *= factor
+        factor = factor * factor
     return out
 
 
-def _check_discounts(gamma: float, lam: float) -> None:
-    for name, value in (("gamma", gamma), ("lam", lam)):
-        if not 0.0 <= float(value) <= 1.0:
+def adaptive_lambda(steps: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The length-adaptive lambda of VAPO (Yue et al. 2025), one per response:
+    ``1 - 1 / (alpha * l)`` clipped to [0, 1], ``l`` the response's GAE steps (its tokens for
+    token PPO, its macro actions for MA-PPO), so that the horizon 1 / (1 - lambda) is the
+    share ``alpha`` of the response's own steps. float32 [B]; 0 for an empty response."""
+    if not float(alpha) > 0.0:
+        raise ValueError(f"alpha must be above 0, got {alpha!r}")
+    steps = steps.to(torch.float32)
+    return (1.0 - 1.0 / (float(alpha) * steps)).clamp(0.0, 1.0)
+
+
+def _check_discounts(gamma: float, lam, critic_lam=None, batch: int | None = None) -> None:
+    if not 0.0 <= float(gamma) <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    for name, value in (("lam", lam), ("critic_lam", critic_lam)):
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.dim() != 1 or (batch is not None and value.shape[0] != batch):
+                raise ValueError(f"{name} per response must be [batch] = [{batch}], got shape {tuple(value.shape)}")
+            if bool(((value < 0) | (value > 1) | value.isnan()).any()):
+                raise ValueError(f"{name} must be in [0, 1], got values from {float(value.min())} to {float(value.max())}")
+        elif not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def _discount(gamma: float, lam):
+    """gamma * lambda: one number, or one per row."""
+    return gamma * lam if isinstance(lam, torch.Tensor) else gamma * float(lam)
+
+
+def _critic_advantages(deltas: torch.Tensor, actor: torch.Tensor, gamma: float, lam, critic_lam) -> torch.Tensor:
+    """The GAE the critic's targets are built from: the actor's own (``critic_lam`` None, or
+    the same number: the very tensor, so one lambda is bit for bit what it always was), or a
+    second scan at ``critic_lam``."""
+    same = critic_lam is None or (not isinstance(critic_lam, torch.Tensor) and not isinstance(lam, torch.Tensor)
+                                  and float(critic_lam) == float(lam))  # fmt: skip
+    return actor if same else discounted_reverse_cumsum(deltas, _discount(gamma, critic_lam))
 
 
 def macro_advantages(
@@ -236,19 +282,21 @@ def macro_advantages(
     mask: torch.Tensor,
     segment_ids: torch.Tensor,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float | torch.Tensor = 0.95,
     value_function: str = "equal",
+    critic_lam: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Segment GAE broadcast to tokens: (advantages, returns), both [B, T], zero where masked.
 
     ``rewards``/``values``: per-token r[t] and v[t]; ``segment_ids``: per-token segment
-    labels (see :func:`marlhf_cli.macro.segmentation.lengths_to_segment_ids`). The
-    computation runs in float32 or wider (float64 inputs stay float64).
+    labels (see :func:`marlhf_cli.macro.segmentation.lengths_to_segment_ids`). ``lam``: the
+    actor's lambda, one number or one per response; ``critic_lam``: the returns' (None: the
+    same). The computation runs in float32 or wider (float64 inputs stay float64).
     """
     _check_2d("mask", mask)
     _check_2d("rewards", rewards, mask.shape)
     _check_2d("values", values, mask.shape)
-    _check_discounts(gamma, lam)
+    _check_discounts(gamma, lam, critic_lam, mask.shape[0])
     if value_function not in VALUE_FUNCTIONS:
         raise ValueError(
             f"unknown value function {value_function!r}; choose one of {', '.join(VALUE_FUNCTIONS)}"
@@ -265,8 +313,9 @@ def macro_advantages(
     # V_{k+1}; absent segments hold 0, so the last segment's successor value is 0.
     next_values = F.pad(segment_values[:, 1:], (0, 1))
     deltas = segment_rewards + gamma * next_values - segment_values
-    segment_advantages = discounted_reverse_cumsum(deltas, gamma * lam)
-    segment_returns = segment_advantages + segment_values  # Q_k
+    segment_advantages = discounted_reverse_cumsum(deltas, _discount(gamma, lam))
+    # Q_k, the critic's target: from its own lambda where it has one (decoupled GAE)
+    segment_returns = _critic_advantages(deltas, segment_advantages, gamma, lam, critic_lam) + segment_values
 
     advantages = layout.unpack(_packed_broadcast(layout, segment_advantages))
     returns = layout.unpack(_packed_broadcast(layout, segment_returns))
@@ -278,19 +327,20 @@ def token_gae(
     values: torch.Tensor,
     mask: torch.Tensor,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float | torch.Tensor = 0.95,
+    critic_lam: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Classic token-level GAE (vanilla PPO): (advantages, returns), [B, T], zero where masked.
 
     delta_t = r_t + gamma * v_{t+1} - v_t with v after the last real token = 0; "next" is
     the next real token, so any 0/1 mask works. Same packing and scan as
     :func:`macro_advantages`, which therefore equals this exactly when every segment has
-    one token.
+    one token; ``lam`` and ``critic_lam`` as there.
     """
     _check_2d("mask", mask)
     _check_2d("rewards", rewards, mask.shape)
     _check_2d("values", values, mask.shape)
-    _check_discounts(gamma, lam)
+    _check_discounts(gamma, lam, critic_lam, mask.shape[0])
     dtype = _working_dtype(rewards, values)
     real = mask.bool()
     batch, time = mask.shape
@@ -302,8 +352,8 @@ def token_gae(
 
     next_values = F.pad(v[:, 1:], (0, 1))
     deltas = r + gamma * next_values - v
-    advantages = discounted_reverse_cumsum(deltas, gamma * lam)
-    returns = advantages + v
+    advantages = discounted_reverse_cumsum(deltas, _discount(gamma, lam))
+    returns = _critic_advantages(deltas, advantages, gamma, lam, critic_lam) + v
 
     def unpack(packed: torch.Tensor) -> torch.Tensor:
         packed = torch.where(packed_real, packed, zero)

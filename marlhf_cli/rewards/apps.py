@@ -212,7 +212,7 @@ def tolerance_of(record: Mapping[str, Any]) -> float | None:
 
 
 class AppsReward:
-    """The compiler signal as a PPO reward function (``RewardFn`` of :mod:`marlhf_cli.train.ppo.rewards`).
+    """The compiler signal as a PPO reward function (``RewardFn`` of :mod:`marlhf_cli.scoring.rewards`).
 
     Needs only ``batch.responses`` and ``batch.records`` (with ``inputs``/``outputs`` and,
     for call-based problems, ``fn_name``). The last batch's per-program results stay in

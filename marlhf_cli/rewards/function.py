@@ -147,7 +147,7 @@ def _shorten(text: Any, limit: int = 60) -> str:
 
 
 class FunctionReward:
-    """A user's reward function as a PPO reward (``RewardFn`` of :mod:`marlhf_cli.train.ppo.rewards`),
+    """A user's reward function as a PPO reward (``RewardFn`` of :mod:`marlhf_cli.scoring.rewards`),
     for ``bon`` and ``passk`` too. ``nones`` counts the responses it returned ``None`` for."""
 
     def __init__(self, spec: str, function: Callable[..., Any] | None = None):

@@ -148,7 +148,9 @@ CriticWarmupSteps = Annotated[Optional[int], _opt("--critic-warmup-steps", "The 
 ClipRange = Annotated[Optional[float], _opt("--clip-range", "PPO ratio clip epsilon. [default: 0.2]")]
 ValueClipRange = Annotated[Optional[float], _opt("--value-clip-range", "Critic value clip around the old value. [default: 0.2]")]
 Gamma = Annotated[Optional[float], _opt("--gamma", "Discount over segments (macro actions). [default: 1.0]")]
-Lam = Annotated[Optional[float], _opt("--lam", "GAE lambda over segments. [default: 0.95]")]
+Lam = Annotated[Optional[str], _opt("--lam", "GAE lambda over segments (tokens at n = 1) for the actor's advantages, in [0, 1]; or adaptive: one per response, 1 - 1 / (--lam-alpha x l), l the response's GAE steps (its tokens for token PPO, its macro actions for MA-PPO), clipped to [0, 1] (VAPO's length-adaptive lambda). [default: 0.95]")]
+LamAlpha = Annotated[Optional[float], _opt("--lam-alpha", "alpha of --lam adaptive: the horizon 1 / (1 - lambda) is alpha x the response's steps. [default: 0.05, VAPO's]")]
+CriticLambda = Annotated[Optional[float], _opt("--critic-lambda", "GAE lambda of the critic's targets, apart from --lam for the actor's advantages (decoupled GAE; VAPO: 1.0, the plain returns). [default: --lam's]")]
 KlCoef = Annotated[Optional[float], _opt("--kl-coef", "beta of the KL to the reference: a per-token penalty -beta * KL in the reward (gae, rloo), or beta * k3 KL added to the loss (grpo, mc). [default: 0.05]")]
 KlEstimator = Annotated[Optional[str], _opt("--kl-estimator", "Per-token KL estimate in the reward: k1 (log-ratio) or k3. [default: k1]")]
 RewardClip = Annotated[Optional[float], _opt("--reward-clip", "Clip the (normalised) reward-model score to [-c, c] before placing it. [default: 5.0]")]
@@ -223,7 +225,8 @@ PPO = {
     "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "value_head_init": ValueHeadInit,
     "critic_warmup_steps": CriticWarmupSteps, "clip_range": ClipRange,
-    "value_clip_range": ValueClipRange, "gamma": Gamma, "lam": Lam, "kl_coef": KlCoef, "kl_estimator": KlEstimator,
+    "value_clip_range": ValueClipRange, "gamma": Gamma, "lam": Lam, "lam_alpha": LamAlpha,
+    "critic_lambda": CriticLambda, "kl_coef": KlCoef, "kl_estimator": KlEstimator,
     "reward_clip": RewardClip, "whiten_advantages": Whiten, "missing_eos_penalty": MissingEos,
     "temperature": Temperature, "top_k": TopK, "top_p": TopP, "max_prompt_length": MaxPrompt,
     "max_new_tokens": MaxNewTokens, "generation": GenerationOption, "termination": Termination, "n": N, "cutoff": Cutoff,
@@ -234,4 +237,5 @@ PPO = {
 # flags only some estimators read (the rule's, the critic's, mc's: train/ppo/estimators.py
 # says which): given on the command line to another estimator they are a one-line error
 ESTIMATOR_FIELDS = ("termination", "n", "cutoff", "value_function", "critic_lr", "value_clip_range", "value_head_init",
-                    "critic_warmup_steps", "mc_rollouts", "mc_max_boundaries", "tree_branches", "tree_depth")
+                    "critic_warmup_steps", "lam", "lam_alpha", "critic_lambda", "samples_per_prompt", "mc_rollouts",
+                    "mc_max_boundaries", "tree_branches", "tree_depth")  # estimators.py's option lists, in their order

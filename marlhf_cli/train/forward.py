@@ -15,7 +15,8 @@ consistent (docs/method.md "Rollout quantities"):
   a_t is chosen, which is what GAE's ``delta_t = r_t + v[t+1] - v[t]`` needs.
 
 The reward model reads its score at the response's last real token (EOS when there is one),
-found from the mask, never by looking for pad ids: SmolLM2's pad token *is* its EOS.
+found from the mask, never by looking for pad ids: SmolLM2's pad token *is* its EOS
+(:func:`marlhf_cli.scoring.heads.last_token_scores`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ import contextlib
 
 import torch
 
-from ..errors import UserError
 from ..generation.draw import hugging_face_model, position_ids_from_mask, unwrap
-from . import scoring
+from ..scoring import heads as scoring
 
 
 def logprobs_from_logits(
@@ -160,14 +160,6 @@ def _soft_capped(config) -> bool:
     return any(getattr(c, "final_logit_softcapping", None) for c in (config, text) if c is not None)
 
 
-def _check_head(model) -> None:
-    if not scoring.is_decoder_head(model):
-        raise UserError(
-            f"{type(model).__name__} has no per-token score head ('score'): critic and reward "
-            "model must be decoder *ForSequenceClassification models (what 'marlhf rm' writes)"
-        )
-
-
 class TokenValues(torch.nn.Module):
     """A critic: the reward model's scalar head applied at every position, plus the constant
     its config stores (``marlhf_value_offset``, 0 unless the head started from a reward model
@@ -179,7 +171,7 @@ class TokenValues(torch.nn.Module):
 
     def __init__(self, model):
         super().__init__()
-        _check_head(model)
+        scoring.check_head(model)
         self.model = model
         self.config = model.config
 
@@ -202,13 +194,3 @@ def critic_values(critic, sequences: torch.Tensor, attention_mask: torch.Tensor,
     length = sequences.shape[1] - prompt_length
     values = critic(input_ids=sequences, attention_mask=attention_mask)
     return values[:, prompt_length - 1 : prompt_length - 1 + length]
-
-
-def last_token_scores(model, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """A reward model's score at each sequence's last real token (EOS when present): [B].
-
-    ``attention_mask`` is [prompt mask | response mask], so its last 1 is the response's
-    last real token, as in ``marlhf rm`` (:func:`marlhf_cli.train.scoring.sequence_scores`).
-    """
-    _check_head(unwrap(model))
-    return scoring.sequence_scores(unwrap(model), sequences, attention_mask).float()

@@ -139,7 +139,7 @@ def run(config: Any) -> dict[str, Any]:
     run_dir = RunDir(config.run_dir)
     model_name = base_model(config, run_dir)  # "run marlhf sft first" before torch is imported
     common.start(config)
-    from . import scoring
+    from ..scoring import heads as scoring
     from .freeze import train_top_layers
     check_context(model_name, config.max_prompt_length, config.max_response_length,
                   prompt_flag="--max-prompt-length", response_flag="--max-response-length")  # fmt: skip

@@ -168,6 +168,10 @@ def run_job(job: dict) -> dict:
         "generated_tokens": [row["generated_tokens"] for row in rows],
         "explained_variance": [row.get("explained_variance") for row in rows],  # None without a critic
         "explained_variance_pooled": [row.get("explained_variance_pooled") for row in rows],  # the last 10 steps'
+        # from issue 54 on: the actor's lambda (gae) and the paper's Figure 11 norms, per step
+        "gae_lambda": [row.get("gae_lambda") for row in rows],
+        "advantage_l2": [row.get("advantage_l2") for row in rows],
+        "q_l2": [row.get("q_l2") for row in rows],
         # rloo and grpo log none (one advantage per response): a response is their one segment
         "segment_length": statistics.mean(row.get("segment_length", row["response_length"]) for row in rows),
         "step_time": statistics.median(row["step_time"] for row in rows),

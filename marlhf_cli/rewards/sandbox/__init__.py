@@ -47,6 +47,7 @@ sit under ``/root`` (mode 0700), so the system ``python3`` is tried next
 only (``-S``: no site-packages, which also halves start-up time).
 
 One concern per module: :mod:`.containment` (which isolation mode, probed once),
+:mod:`.launcher` (how a child is launched in that mode: its command prefix and preexec),
 :mod:`.users` (the per-run uids and the clean-up after them), :mod:`.limits` (limits and
 how a run's end maps to a status), :mod:`.execution` (one child process, start to reap),
 :mod:`.runner` (:func:`run` and the :class:`Sandbox` pool). The code that runs inside the
@@ -54,7 +55,8 @@ child is ``harness.py``, beside this package.
 """
 
 from .execution import Execution, Job
-from .containment import MODES, Isolation, isolation
+from .containment import MODES, isolation
+from .launcher import Isolation
 from .limits import COMPILE_ERROR, MEMORY_LIMIT, OK, OUTPUT_LIMIT, RUNTIME_ERROR, TIMEOUT, Limits
 from .runner import Sandbox, compile_error, run, run_many
 from .users import SandboxUnavailable, processes_of

@@ -1,4 +1,5 @@
-"""Which containment the OS allows, probed once per process: :func:`isolation` and :class:`Isolation`.
+"""Which containment the OS allows, probed once per process: :func:`isolation`, an
+:class:`~.launcher.Isolation`.
 
 The modes are described in the package docstring. A mode counts as available only when a
 probe program, run exactly as programs will be run (harness, limits, launcher, uid), reports
@@ -16,56 +17,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
-from typing import Callable
-
 from .execution import Job, run_in, temp_root
+from .launcher import SETPRIV, UNSHARE, Isolation
 from .limits import OK, Limits
 from .users import UID_BASE, UID_COUNT, SandboxUnavailable, UidPool
 
-CLONE_NEWNET = 0x40000000
 PR_SET_CHILD_SUBREAPER = 36
 
 
-@dataclass
-class Isolation:
-    """What :func:`isolation` found. ``launcher``: how the child gets its uid and namespaces
-    (``unshare``/``setpriv`` commands in front of the interpreter, or ``preexec`` when only
-    a ``preexec_fn`` can do it, or ``none``)."""
-
-    mode: str  # namespaces | setuid | userns | rlimits
-    python: str
-    network: str  # namespace | socket-patch
-    uids: "UidPool | None" = None
-    launcher: str = "none"  # unshare | setpriv | preexec | none
-    netns_in_preexec: bool = False
-
-    def prefix(self, uid: int | None) -> list[str]:
-        """The command that wraps the interpreter (namespaces and uid switch), if any."""
-        if self.launcher == "unshare" and self.mode == "namespaces":
-            return [_UNSHARE, "--pid", "--fork", "--kill-child", "--net", "--setgid", str(uid), "--setuid", str(uid), "--"]
-        if self.launcher == "unshare":
-            return [_UNSHARE, "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--net", "--"]
-        if self.launcher == "setpriv":
-            return [_SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        return []
-
-    def preexec(self, uid: int | None) -> Callable[[], None] | None:
-        """Only the setuid mode without ``setpriv`` needs one (it forces a slow fork)."""
-        return _drop_privileges(uid, self.netns_in_preexec) if self.launcher == "preexec" and uid is not None else None
-
-    def describe(self) -> str:
-        users = {
-            "namespaces": "own uid per run, PID + network namespaces",
-            "setuid": "own uid per run, kill(-1) sweep and subreaper",
-            "userns": "user + PID + network namespaces (not root)",
-            "rlimits": "limits and process group only (not root, no namespaces)",
-        }[self.mode]
-        return f"{self.mode}: {users}; network: {self.network}; launcher: {self.launcher}; python: {self.python}"
-
-
-_UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
-_SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 # the uid, and whether this is a whole interpreter of 3.8+ (an executable whose own library
 # is unreadable to the uid may start with another installation's: not acceptable)
 _PROBE = (
@@ -123,7 +82,7 @@ def _probe(only: str | None = None) -> Isolation:
         return only is None or only == mode
 
     pythons = _interpreters()
-    unshare, setpriv = os.path.exists(_UNSHARE), os.path.exists(_SETPRIV)
+    unshare, setpriv = os.path.exists(UNSHARE), os.path.exists(SETPRIV)
     if os.geteuid() != 0:
         for python in pythons:
             userns = Isolation("userns", python, "namespace", launcher="unshare")
@@ -160,25 +119,6 @@ def _probe(only: str | None = None) -> Isolation:
         f"no Python interpreter can be run by the unprivileged sandbox uid {uid} (tried {', '.join(pythons)}): "
         "install a system python3 readable by all users, or set MARLHF_SANDBOX_PYTHON"
     )
-
-
-def _libc_unshare(flags: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(flags) != 0:
-        raise OSError(ctypes.get_errno(), "unshare failed")
-
-
-def _drop_privileges(uid: int, netns: bool) -> Callable[[], None]:
-    def drop() -> None:
-        if netns:
-            _libc_unshare(CLONE_NEWNET)
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return drop
 
 
 def _become_subreaper() -> None:

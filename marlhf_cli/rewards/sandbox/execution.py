@@ -1,7 +1,7 @@
 """One sandboxed process: write the program, start it through the harness, read its output
 until it exits or the deadline passes, stop and reap it, and say how it ended.
 
-:func:`run_in` is the whole life of one child, given an :class:`~.containment.Isolation`,
+:func:`run_in` is the whole life of one child, given an :class:`~.launcher.Isolation`,
 a uid and a working directory; the caller owns the uid and the directory
 (:func:`~.runner.run`, or the containment probe, which runs its probe program exactly as
 programs will be run).
@@ -18,13 +18,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from .launcher import Isolation
 from .limits import TIMEOUT, Limits, classify, failure_detail, limits_spec
 from .users import kill, remove_litter, status_fields, sweep, tasks_of_user
-
-if TYPE_CHECKING:
-    from .containment import Isolation
 
 # handed to the child as ``python -c`` text (harness.py, beside this package)
 HARNESS_SOURCE = (Path(__file__).parents[1] / "harness.py").read_text(encoding="utf-8")

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Sequence
 
 from ..harness import compile_program
 from .execution import Execution, Job, run_in, temp_root
-from .containment import Isolation, isolation
+from .containment import isolation
+from .launcher import Isolation
 from .limits import COMPILE_ERROR, Limits
 
 

@@ -72,7 +72,7 @@ from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
-from .rewards import RewardFn
+from ...scoring.rewards import RewardFn
 from ..sources import model_sources
 from .settings import STAGE, RunPlan, fingerprint, make_rewards, plan_run, run_name  # RunPlan, run_name: for callers
 from .update import ppo_update
@@ -138,6 +138,7 @@ def run(config, *, reward_fn: RewardFn | None = None, given_flags: Sequence[str]
             if not ctx.critic_free:  # from the figures as logged: a resumed run reads them back
                 fit = (fit + [as_logged(last)])[-critic_fit.FIT_WINDOW :]
                 last["explained_variance_pooled"] = critic_fit.pooled_explained_variance(fit)
+                last["explained_variance_within"] = critic_fit.within_step_explained_variance(fit)
             completed = done = step + 1
             durations.append(last["step_time"])
             monitor.log(done, last, "train")
@@ -242,7 +243,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
         "continuation_time": experience.continuation_seconds,
         "training_time": training_seconds,
     }
-    metrics = reduce_metrics(experience, update_stats, timings)
+    metrics = reduce_metrics(experience, update_stats, timings, gamma=config.gamma)
     if not estimator.segments:  # one advantage per response: a "segment length" would be the response's
         del metrics["segment_length"]
     metrics["step_time"] = time.perf_counter() - began
@@ -346,9 +347,12 @@ def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list
     metrics = final_metrics(last, history, durations, start)
     if rows:
         artifacts.write_jsonl(run_dir.samples_path(name), rows)
-    plotted = [("score", "score"), ("kl", "KL, k1 estimate (unbiased; a step's mean may dip below 0)"), ("reward", "reward")]
+    plotted = [("score", "score"), ("reward", "reward"), *([("kl", "KL, k1 estimate (unbiased; a step's mean may dip below 0)")] if "kl" in last else []),
+               ("advantage_l2", "L2 norm of a response's advantages (mean over responses)"),
+               ("q_l2", "L2 norm of a response's Q-values (mean over responses)")]  # fmt: skip
     if "explained_variance_pooled" in last:
         plotted.append(("explained_variance_pooled", f"critic's explained variance, last {critic_fit.FIT_WINDOW} steps pooled"))
+        plotted.append(("explained_variance_within", f"critic's explained variance within steps, last {critic_fit.FIT_WINDOW} pooled"))
     for metric, label in plotted:
         monitor.plot(metric, title=f"ppo {name}: {label}", xlabel="PPO step")
     report.print_final_table(name, history, metrics)

@@ -35,8 +35,8 @@ from ...macro import BoundaryPlan
 from ...seeding import derived_seed
 from ..forward import resident
 from .experience import RolloutSettings, final_scores
-from .rewards import scoring_batch
-from .rewards import RewardFn
+from ...scoring.rewards import scoring_batch
+from ...scoring.rewards import RewardFn
 from ...generation import sample, stops
 
 

@@ -27,9 +27,11 @@ from ...macro import (
     PendingSegments,
     SegmentStats,
     TerminationRule,
+    adaptive_lambda,
     grpo_advantages,
     macro_advantages,
     masked_mean,
+    num_segments,
     rloo_advantages,
     sequence_to_tokens,
     start_segment_batch,
@@ -139,7 +141,9 @@ def assign_credit(
     *,
     tokenizer=None,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float | str = 0.95,
+    lam_alpha: float = 0.05,
+    critic_lam: float | None = None,
     value_function: str = "equal",
     whiten_advantages: bool = False,
     sample_seeds=None,
@@ -147,21 +151,29 @@ def assign_credit(
     workers: int = 0,
     pending: PendingSegments | None = None,
 ):
-    """Fill ``segment_ids``, ``advantages``, ``returns`` and ``segment_stats`` of an Experience
-    (segments from :func:`segment_responses`, then GAE over them with the critic's values)."""
+    """Fill ``segment_ids``, ``advantages``, ``returns``, ``lambdas`` and ``segment_stats`` of
+    an Experience (segments from :func:`segment_responses`, then GAE over them with the
+    critic's values). ``lam``: the actor's lambda, or ``"adaptive"`` (one per response from
+    its number of segments and ``lam_alpha``: :func:`~marlhf_cli.macro.adaptive_lambda`);
+    ``critic_lam``: the critic's targets' lambda, None for the actor's (decoupled GAE)."""
     mask = experience.mask
     segment_ids, stats = segment_responses(
         experience, rule, tokenizer=tokenizer, sample_seeds=sample_seeds, executor=executor, workers=workers, pending=pending
     )
+    # the adaptive lambda counts GAE's steps, which are segments (tokens at n = 1):
+    # docs/method.md "Decoupled and length-adaptive lambda"
+    actor_lam = adaptive_lambda(num_segments(mask, segment_ids), lam_alpha).to(mask.device) if lam == "adaptive" else lam
     advantages, returns = macro_advantages(
         experience.rewards, experience.values, mask, segment_ids,
-        gamma=gamma, lam=lam, value_function=value_function,
+        gamma=gamma, lam=actor_lam, value_function=value_function,
+        critic_lam=critic_lam,
     )
     if whiten_advantages:
         advantages = whiten(advantages, mask)
     experience.segment_ids = segment_ids
     experience.advantages = advantages
     experience.returns = returns
+    experience.lambdas = actor_lam if isinstance(actor_lam, torch.Tensor) else torch.full((mask.shape[0],), float(actor_lam))
     experience.segment_stats = stats
     return experience
 

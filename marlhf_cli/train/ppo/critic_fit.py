@@ -48,6 +48,22 @@ def pooled_explained_variance(rows: Iterable[dict]) -> float:
     return 1.0 - residual / target if target > VARIES else float("nan")
 
 
+def within_step_explained_variance(rows: Iterable[dict]) -> float:
+    """The critic's explained variance within steps, pooled over ``rows``: 1 - sum_s n_s
+    Var_s(residual) / sum_s n_s Var_s(target), each step's variances about its own means.
+
+    Unlike :func:`pooled_explained_variance` it gives no credit for following the targets'
+    mean from step to step: a critic that only tracks that mean (a moving-average baseline)
+    scores about 0 here and well above 0 pooled; one that ranks a step's responses scores
+    above 0 on both. NaN without rows that carry the figures, or where the targets do not
+    vary within any step."""
+    rows = [row for row in rows if "return_variance" in row]
+    target = sum(row["response_tokens"] * row["return_variance"] for row in rows)
+    residual = sum(row["response_tokens"] * row["residual_variance"] for row in rows)
+    tokens = sum(row["response_tokens"] for row in rows)
+    return 1.0 - residual / target if tokens > 0 and target / tokens > VARIES else float("nan")
+
+
 # the last steps' targets "barely vary" when their spread is under this share of the whole
 # run's: the policy has settled (every response scoring alike), and any critic's EV there is
 # its small errors over a smaller spread, which says little about its fit

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -38,15 +38,29 @@ from . import credit, tree as trees
 from .continuations import continuation_seed, sample_continuations
 
 if TYPE_CHECKING:
-    from .context import Context
     from .experience import Experience
+
+
+class StepContext(Protocol):
+    """What an estimator reads of the stage's :class:`.context.Context`. A protocol, not the
+    class: settings.py reads this registry to plan a run, and the context is built from that
+    plan, so naming the class here would close a circle (settings -> estimators -> context)."""
+
+    config: Any  # the run's PPOConfig
+    models: Any  # .models.Models
+    plan: Any  # .settings.RunPlan (group_size)
+    rollout: Any  # .experience.RolloutSettings
+    executor: Any  # the parse pool, or None
+
+    @property
+    def rule(self) -> TerminationRule: ...
 
 
 @dataclass
 class CreditInputs:
     """What an estimator may read besides the experience."""
 
-    ctx: "Context"  # the config, models, termination rule, rollout settings and parse pool
+    ctx: StepContext  # the config, models, termination rule, rollout settings and parse pool
     step: int  # 0-based, for seeds
     sample_numbers: Sequence[int]  # the global number of every response (seeds per sample)
     sampler: Any = None  # the module that sampled the responses (mc samples continuations with it)
@@ -58,7 +72,9 @@ AssignFn = Callable[["Experience", CreditInputs], None]
 # options that only some estimators read; a run given one its estimator does not read on the
 # command line stops with a one-line error (settings.plan_run)
 RULE_OPTIONS = ("termination", "n", "cutoff")
-CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range", "value_head_init", "critic_warmup_steps")
+CRITIC_OPTIONS = ("value_function", "critic_lr", "value_clip_range", "value_head_init", "critic_warmup_steps", "lam",
+                  "lam_alpha", "critic_lambda")  # fmt: skip
+GROUP_OPTIONS = ("samples_per_prompt",)  # every estimator but tree, whose K^D leaves are its group
 MC_OPTIONS = ("mc_rollouts", "mc_max_boundaries")
 TREE_OPTIONS = ("tree_branches", "tree_depth")
 
@@ -71,7 +87,7 @@ class Estimator:
     segments: bool  # a termination rule cuts the responses into macro actions
     kl_in_loss: bool  # beta * k3 KL added to the loss instead of -beta * KL in the reward
     group_size: int  # default K (--samples-per-prompt); without a critic K must be >= 2
-    reads: tuple[str, ...]  # of RULE_OPTIONS + CRITIC_OPTIONS + MC_OPTIONS + TREE_OPTIONS
+    reads: tuple[str, ...]  # of RULE_OPTIONS + CRITIC_OPTIONS + GROUP_OPTIONS + MC_OPTIONS + TREE_OPTIONS
     describe: Callable[[Any, TerminationRule, int], str]  # (config, rule, K) -> the start-up line
     what_it_is: str  # for the error naming options it does not read
     # the responses per prompt when the estimator's own options fix them (tree: K^D), else None
@@ -79,7 +95,7 @@ class Estimator:
     leaves: Callable[[Any], int] | None = None
     # (ctx, step, sample numbers) -> draw(model, prompts): its own sampling in place of one
     # response per prompt (experience.make_experience), or None
-    draws: Callable[["Context", int, Sequence[int]], Callable] | None = None
+    draws: Callable[[StepContext, int, Sequence[int]], Callable] | None = None
 
 
 ESTIMATORS: dict[str, Estimator] = {}
@@ -102,22 +118,34 @@ def _ratio(config, unit: str) -> str:
     return (f"one ratio per {unit}" if config.ratio == "macro" else "token ratios") + _aggregation(config)
 
 
+def _lambdas(config, rule: TerminationRule) -> str:
+    """GAE's lambdas where they are not the one number of the paper: the length-adaptive one
+    (--lam adaptive, per response from its GAE steps) and the critic's own (--critic-lambda,
+    decoupled GAE)."""
+    steps = "tokens" if credit.is_vanilla(rule) else "segments"
+    actor = f"adaptive, 1 - 1 / ({config.lam_alpha:g} x {steps})" if config.lam == "adaptive" else f"{config.lam:g}"
+    if config.lam != "adaptive" and config.critic_lambda in (None, config.lam):
+        return ""
+    critic = "the same" if config.critic_lambda is None else f"{config.critic_lambda:g}"
+    return f"; actor lambda {actor}, critic lambda {critic}"
+
+
 def _aggregation(config) -> str:
     return "" if config.loss_aggregation == "token-mean" else f", {config.loss_aggregation} loss"
 
 
 @register(
-    "gae", critic=True, segments=True, kl_in_loss=False, group_size=1, reads=RULE_OPTIONS + CRITIC_OPTIONS,
+    "gae", critic=True, segments=True, kl_in_loss=False, group_size=1, reads=RULE_OPTIONS + CRITIC_OPTIONS + GROUP_OPTIONS,
     what_it_is="samples no continuations",
     describe=lambda config, rule, k: credit.describe(rule, config.value_function, config.ratio)
-    + (f", {k} responses per prompt" if k > 1 else "") + _aggregation(config),
+    + _lambdas(config, rule) + (f", {k} responses per prompt" if k > 1 else "") + _aggregation(config),
 )  # fmt: skip
 def gae(experience, inputs: CreditInputs) -> None:
     """Macro actions from the termination rule, GAE over them with the critic's values."""
     ctx, config = inputs.ctx, inputs.ctx.config
     credit.assign_credit(
-        experience, ctx.rule, tokenizer=ctx.models.tokenizer, gamma=config.gamma, lam=config.lam,
-        value_function=config.value_function, whiten_advantages=config.whiten_advantages,
+        experience, ctx.rule, tokenizer=ctx.models.tokenizer, gamma=config.gamma, lam=config.lam, lam_alpha=config.lam_alpha,
+        critic_lam=config.critic_lambda, value_function=config.value_function, whiten_advantages=config.whiten_advantages,
         sample_seeds=inputs.sample_numbers, executor=ctx.executor, pending=inputs.pending,
     )  # fmt: skip
 
@@ -126,7 +154,7 @@ _GROUP = "termination rules and value functions do not apply"
 
 
 @register(
-    "rloo", critic=False, segments=False, kl_in_loss=False, group_size=4, reads=(),
+    "rloo", critic=False, segments=False, kl_in_loss=False, group_size=4, reads=GROUP_OPTIONS,
     what_it_is="trains no critic and assigns credit per response",
     describe=lambda config, rule, k: f"RLOO (no critic: {k} responses per prompt, leave-one-out baseline, "
     f"KL penalty in the reward; {_ratio(config, 'response')}; {_GROUP})",
@@ -138,7 +166,7 @@ def rloo(experience, inputs: CreditInputs) -> None:
 
 
 @register(
-    "grpo", critic=False, segments=False, kl_in_loss=True, group_size=4, reads=(),
+    "grpo", critic=False, segments=False, kl_in_loss=True, group_size=4, reads=GROUP_OPTIONS,
     what_it_is="trains no critic and assigns credit per response",
     describe=lambda config, rule, k: f"GRPO (no critic: {k} responses per prompt, group-normalised score, "
     f"KL loss k3 x {config.kl_coef:g}; {_ratio(config, 'response')}; {_GROUP})",
@@ -180,7 +208,7 @@ def mc_cost(config, rule: TerminationRule, responses: int) -> str:
 
 
 @register(
-    "mc", critic=False, segments=True, kl_in_loss=True, group_size=4, reads=RULE_OPTIONS + MC_OPTIONS,
+    "mc", critic=False, segments=True, kl_in_loss=True, group_size=4, reads=RULE_OPTIONS + GROUP_OPTIONS + MC_OPTIONS,
     what_it_is="trains no critic", describe=_describe_mc,
 )  # fmt: skip
 def mc(experience, inputs: CreditInputs) -> None:
@@ -230,7 +258,7 @@ def _describe_tree(config, rule: TerminationRule, k: int) -> str:
     )
 
 
-def _draw_trees(ctx: "Context", step: int, sample_numbers: Sequence[int]) -> Callable:
+def _draw_trees(ctx: StepContext, step: int, sample_numbers: Sequence[int]) -> Callable:
     """Sampling for one step of ``tree``: each group of K^D rows is one prompt's tree; a tree
     is named by its first response's global sample number (its seeds, and its randomized
     rule's, so that a resumed run draws and cuts the same tree)."""

@@ -20,7 +20,7 @@ from ...seeding import derived_seed
 from .. import common
 from . import stopping
 from .experience import generate
-from .rewards import scoring_batch
+from ...scoring.rewards import scoring_batch
 from ..forward import resident
 
 

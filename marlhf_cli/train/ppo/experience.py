@@ -33,7 +33,7 @@ import torch
 
 from ...macro import kl_per_token
 from ..forward import critic_values, policy_forward, resident, unwrap
-from .rewards import RewardFn, scoring_batch
+from ...scoring.rewards import RewardFn, scoring_batch
 from ...generation import SamplingParams, texts
 
 
@@ -87,10 +87,10 @@ class Experience:
     mask: torch.Tensor  # [B, T] long
     has_eos: torch.Tensor  # [B] bool
     old_logp: torch.Tensor
-    ref_logp: torch.Tensor
+    ref_logp: torch.Tensor | None  # None: no reference (nothing reads it: RunPlan.reference)
     values: torch.Tensor
-    kl: torch.Tensor  # the estimator used in the reward
-    kl_k1: torch.Tensor  # always logged, whatever the estimator
+    kl: torch.Tensor  # the estimator used in the reward (zero without a reference)
+    kl_k1: torch.Tensor | None  # always logged, whatever the estimator; None without a reference
     rewards: torch.Tensor
     raw_scores: torch.Tensor  # [B] what the reward function returned
     scores: torch.Tensor  # [B] clipped, minus the missing-EOS penalty: what is placed
@@ -102,6 +102,7 @@ class Experience:
     segment_ids: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    lambdas: torch.Tensor | None = None  # [B] the actor's GAE lambda of each response (gae only)
     segment_stats: object | None = None
     # filled by mc's credit assignment (estimators.mc): the sampled continuations' count,
     # real tokens and seconds
@@ -188,7 +189,8 @@ def make_experience(
 
     ``sampler``: the module that samples, when it is not ``actor`` itself (under ZeRO-3, a
     whole-parameter copy of it). ``critic``: None for the critic-free baselines (values are
-    then zero). ``on_sampled(response_ids, mask)``: called once the
+    then zero). ``reference``: None where nothing reads its log-probs (``ref_logp`` and
+    ``kl_k1`` are then None, the KL zero). ``on_sampled(response_ids, mask)``: called once the
     responses exist, before the scoring forwards (PPO starts the parser there).
     ``draw(model, prompts)``: an estimator's own sampling in place of one response per
     prompt (``--advantage tree``: the leaves of a tree per group, a :class:`.tree.TreeRollout`);
@@ -226,8 +228,10 @@ def make_experience(
 
     if old_logp is None:
         old_logp = logp_of(actor)
-    with resident(reference, device, settings.offload_frozen):
-        ref_logp = logp_of(reference)
+    ref_logp = None
+    if reference is not None:  # None where nothing reads it (--kl-coef 0, no ppl rule): one forward fewer
+        with resident(reference, device, settings.offload_frozen):
+            ref_logp = logp_of(reference)
     if critic is not None:
         values = batched_forward(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
     else:  # rloo / grpo: no critic, the baseline comes from the group
@@ -240,10 +244,12 @@ def make_experience(
     real = mask.bool()
     zero = torch.zeros((), device=old_logp.device)
     old_logp = torch.where(real, old_logp, zero)
-    ref_logp = torch.where(real, ref_logp, zero)
     values = torch.where(real, values, zero)
-    kl_k1 = torch.where(real, kl_per_token(old_logp, ref_logp, "k1"), zero)
-    kl = torch.where(real, kl_per_token(old_logp, ref_logp, settings.kl_estimator), zero)
+    kl_k1, kl = None, torch.zeros_like(old_logp)
+    if ref_logp is not None:
+        ref_logp = torch.where(real, ref_logp, zero)
+        kl_k1 = torch.where(real, kl_per_token(old_logp, ref_logp, "k1"), zero)
+        kl = torch.where(real, kl_per_token(old_logp, ref_logp, settings.kl_estimator), zero)
     rewards = place_rewards(kl, scores, mask, settings.kl_coef)
     return Experience(
         prompts=list(prompts),

@@ -7,12 +7,28 @@ from typing import Any
 import torch
 
 from ... import engine as eng
-from ...macro import kl_per_token
+from ...macro import discounted_reverse_cumsum, kl_per_token
 from .critic_fit import VARIES
 
 
-def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str, float]) -> dict[str, float]:
-    """Rollout and update metrics averaged over every process's samples."""
+def q_values(experience, gamma: float) -> torch.Tensor:
+    """The Q-values of the paper's Figure 11, [B, T]: the critic's targets where there is a
+    critic (GAE's Q_k on each token of segment k), and without one the sampled return to go,
+    sum_{t' >= t} gamma^(t' - t) r[t'] (the responses' real tokens come first in each row)."""
+    if experience.returns is not None:
+        return experience.returns
+    mask = experience.mask.bool()
+    return torch.where(mask, discounted_reverse_cumsum(torch.where(mask, experience.rewards, 0.0), gamma), 0.0)
+
+
+def _row_norms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's L2 norm of ``x`` over its real tokens: [B]."""
+    return torch.sqrt(((x * mask) ** 2).sum(dim=1))
+
+
+def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str, float], gamma: float = 1.0) -> dict[str, float]:
+    """Rollout and update metrics averaged over every process's samples (``gamma``: the
+    discount of the Q-values a critic-free estimator is given, :func:`q_values`)."""
     mask = experience.mask.float()
     lengths = mask.sum(dim=1)
     stats = experience.segment_stats
@@ -22,13 +38,15 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "score": float(experience.raw_scores.sum()),
         "placed_score": float(experience.scores.sum()),
         "reward": float(experience.rewards.sum()),
-        "kl": float(experience.kl_k1.sum()),
-        "kl_k3": float((kl_per_token(experience.old_logp, experience.ref_logp, "k3") * mask).sum()),
-        "kl_estimate": float(experience.kl.sum()),
+        **_kl_sums(experience, mask),
         "eos": float(experience.has_eos.float().sum()),
         "value": float((experience.values * mask).sum()),
         "advantage": float((experience.advantages * mask).sum()),
         "return": float((experience.returns * mask).sum()) if experience.returns is not None else 0.0,
+        # Figure 11: each response's L2 norm of its advantages and Q-values, summed here
+        "advantage_l2": float(_row_norms(experience.advantages, mask).sum()),
+        "q_l2": float(_row_norms(q_values(experience, gamma), mask).sum()),
+        "gae_lambda": float(experience.lambdas.sum()) if experience.lambdas is not None else 0.0,
         **_fit_sums(experience.returns, experience.values, mask),
         "segments": float(stats.segments),
         "segment_tokens": float(stats.tokens),
@@ -48,14 +66,15 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "score": total["score"] / samples,  # the reward function's raw score (RM score)
         "placed_score": total["placed_score"] / samples,  # clipped, minus the missing-EOS penalty
         "reward": total["reward"] / samples,  # sum of per-token rewards: score - kl_coef * KL
-        "kl": total["kl"] / samples,  # sequence KL(pi || ref), k1 estimate: unbiased, negative at times
-        "kl_k3": total["kl_k3"] / samples,  # the same, k3 estimate: unbiased and never negative (the table's)
-        "kl_estimate": total["kl_estimate"] / samples,  # the estimator used in the reward
         "response_length": total["response_tokens"] / samples,
         "eos_rate": total["eos"] / samples,
         "value": total["value"] / tokens,
         "advantage": total["advantage"] / tokens,
         "return": total["return"] / tokens,
+        # the L2 norm of a response's per-token advantages, and of its Q-values, averaged over
+        # the step's responses (the paper's Figure 11: their stability across steps)
+        "advantage_l2": total["advantage_l2"] / samples,
+        "q_l2": total["q_l2"] / samples,
         "segment_length": total["segment_tokens"] / max(total["segments"], 1.0),
         "segments_per_response": total["segments"] / samples,
         "responses": samples,  # generated this step, over all processes: prompts x K
@@ -69,6 +88,12 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "shared_prefix_tokens": total["shared_prefix_tokens"],
         "generated_tokens": total["response_tokens"] - total["shared_prefix_tokens"] + total["continuation_tokens"],
     }
+    if "kl" in total:  # a run with a reference (RunPlan.reference)
+        out["kl"] = total["kl"] / samples  # sequence KL(pi || ref), k1 estimate: unbiased, negative at times
+        out["kl_k3"] = total["kl_k3"] / samples  # the same, k3 estimate: unbiased and never negative (the table's)
+        out["kl_estimate"] = total["kl_estimate"] / samples  # the estimator used in the reward
+    if experience.lambdas is not None:  # gae: the actor's lambda, its mean over responses (--lam adaptive varies)
+        out["gae_lambda"] = total["gae_lambda"] / samples
     if experience.returns is not None:
         out["explained_variance"] = explained_variance(total)
         # with "return" and "value" (the means), what a window of steps pools (pooled_explained_variance)
@@ -82,6 +107,16 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
             out[key.split(":", 1)[1]] = value / processes
     return out
 
+
+
+def _kl_sums(experience, mask) -> dict[str, float]:
+    """The sequence KL to the reference, three ways; nothing without a reference (--kl-coef 0:
+    the update's approx_kl is then the only KL, the one to the sampling policy)."""
+    if experience.ref_logp is None:
+        return {}
+    return {"kl": float(experience.kl_k1.sum()),
+            "kl_k3": float((kl_per_token(experience.old_logp, experience.ref_logp, "k3") * mask).sum()),
+            "kl_estimate": float(experience.kl.sum())}  # fmt: skip
 
 
 def _fit_sums(returns, values, mask) -> dict[str, float]:
@@ -114,7 +149,8 @@ def explained_variance(total: dict[str, float]) -> float:
 
 def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The few numbers the progress bar shows."""
-    shown = {"score": metrics["score"], "kl": metrics["kl_k3"]}
+    # without a reference, the KL to the sampling policy (the update's approx_kl) in its place
+    shown = {"score": metrics["score"]} | ({"kl": metrics["kl_k3"]} if "kl_k3" in metrics else {"kl_old": metrics.get("approx_kl", 0.0)})
     if "segment_length" in metrics:  # (rloo and grpo cut no macro actions: nothing to show)
         shown["seg"] = metrics["segment_length"]
     return shown | {"s/step": metrics["step_time"]}
@@ -124,7 +160,8 @@ def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
 def final_metrics(last: dict, history: list[dict], durations: list[float], start: int) -> dict[str, Any]:
     """run.json's summary: the last step's rollout metrics and the eval curve's ends."""
     keys = ("score", "reward", "kl", "kl_k3", "response_length", "segment_length", "explained_variance",
-            "explained_variance_pooled", "parse_fallbacks", "generation_captures", "generation_replays")
+            "explained_variance_pooled", "explained_variance_within", "advantage_l2", "q_l2", "gae_lambda",
+            "parse_fallbacks", "generation_captures", "generation_replays")  # fmt: skip
     metrics: dict[str, Any] = {k: last[k] for k in keys if k in last}
     metrics |= {k: v for k, v in last.items() if k.startswith("score_")}  # several --reward: each one's
     metrics["steps"] = max((row["step"] for row in history), default=start + len(durations))

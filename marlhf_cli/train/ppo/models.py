@@ -13,7 +13,7 @@ from ...errors import UserError
 from ..forward import TokenValues, disable_dropout
 from . import value_head
 from .sampling_copy import GenerationModel
-from .rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
+from ...scoring.rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
 from ..sources import reward_specs, reward_weights
 from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps
 
@@ -22,7 +22,7 @@ from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps
 class Models:
     actor: Any  # DeepSpeed engine around the policy
     critic: Any  # DeepSpeed engine around TokenValues(reward-model copy); None for rloo/grpo
-    reference: Any  # frozen policy copy; with LoRA the actor with its adapter off (lora.WithoutAdapter)
+    reference: Any  # frozen policy copy; with LoRA the actor with its adapter off (lora.WithoutAdapter); None: nothing reads it
     reward: RewardFn
     tokenizer: Any
     device: Any
@@ -66,7 +66,8 @@ def build_models(
     actor_start, critic_start = (starts + [None, None])[:2]
     whole_start = extension is not None and not adapted  # no adapters: the exported weights themselves
     actor_model = load_causal_lm(actor_start if whole_start else policy, dtype=dtype)
-    reference = None if adapted else load_causal_lm(policy, dtype=dtype)
+    # no reference where nothing reads it (--kl-coef 0 and no ppl rule: settings.RunPlan.reference)
+    reference = load_causal_lm(policy, dtype=dtype) if plan.reference and not adapted else None
     critic_model, head, scale, offset = None, None, 1.0, 0.0
     if plan.critic:
         critic_model, trained = load_score_model(critic_start if whole_start else reward_model, dtype=dtype)
@@ -106,9 +107,9 @@ def build_models(
             total_steps=optimizer_steps(config, plan, "critic"),
         )
     device = actor.device
-    if adapted:
+    if adapted and plan.reference:
         reference = lora.WithoutAdapter(actor)
-    else:
+    elif reference is not None:
         reference.eval().requires_grad_(False)
         reference.to("cpu" if config.offload_frozen else device)
     if rewards is None or isinstance(rewards, list):

@@ -20,7 +20,7 @@ from ...wording import count
 from . import credit
 from .estimators import ESTIMATORS, Estimator
 from ..sources import reward_specs
-from .rewards import RewardFn
+from ...scoring.rewards import RewardFn
 
 STAGE = "ppo"
 
@@ -34,6 +34,9 @@ class RunPlan:
     rule: TerminationRule  # --termination, --n, --cutoff (read only where estimator.segments)
     group_size: int  # K responses per prompt: --samples-per-prompt, or the estimator's default
     responses_per_step: int  # over all processes: --rollout-batch-size x K
+    # the frozen reference is loaded and run: something reads its log-probs (the KL, in the
+    # reward or the loss, at --kl-coef > 0; the ppl rule's cuts). Else it is never run
+    reference: bool = True
 
     @property
     def critic(self) -> bool:
@@ -63,7 +66,8 @@ def plan_run(config, given_flags: Sequence[str] = ()) -> RunPlan:
         k = estimator.leaves(config)
     else:
         k = estimator.group_size if config.samples_per_prompt is None else config.samples_per_prompt
-    plan = RunPlan(_name(config, estimator, rule, k), estimator, rule, k, config.rollout_batch_size * k)
+    reference = config.kl_coef > 0 or (estimator.segments and rule.name == "ppl")
+    plan = RunPlan(_name(config, estimator, rule, k), estimator, rule, k, config.rollout_batch_size * k, reference)
     _check_combinations(config, plan)
     return plan
 
@@ -124,6 +128,8 @@ def _check_flags_apply(config, estimator: Estimator, given_flags: Sequence[str])
             f"--advantage {config.advantage} samples its own responses per prompt: --samples-per-prompt does not "
             f"apply (drop it; --tree-branches K and --tree-depth D make K^D)"
         )
+    if "--lam-alpha" in given_flags and config.lam != "adaptive":
+        raise UserError(f"--lam-alpha is the alpha of --lam adaptive: it does not apply to --lam {config.lam:g} (drop it, or use --lam adaptive)")
     ignored = [flag for flag in given_flags if flag[2:].replace("-", "_") not in estimator.reads]
     if ignored:
         fields = [flag[2:].replace("-", "_") for flag in ignored]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import UserError
-from ..scoring import VALUE_OFFSET_KEY, hugging_face_model
+from ...scoring.heads import VALUE_OFFSET_KEY, hugging_face_model
 
 INITS = ("zero", "random", "reward-model")
 

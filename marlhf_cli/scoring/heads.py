@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ..generation.draw import hugging_face_model, position_ids_from_mask
+from ..errors import UserError
+from ..generation.draw import hugging_face_model, position_ids_from_mask, unwrap
 
 MEAN_KEY = "marlhf_reward_mean"
 STD_KEY = "marlhf_reward_std"
@@ -28,7 +29,7 @@ POSITION_KEY = "marlhf_score_position"
 # a critic's constant added to its head's output (train/ppo/value_head.py): the reward model's
 # -weight * mean / std, so that its values start in the units of the normalised reward
 VALUE_OFFSET_KEY = "marlhf_value_offset"
-POSITION = "last attention-mask token (marlhf_cli.train.scoring.sequence_scores)"
+POSITION = "last attention-mask token (marlhf_cli.scoring.heads.sequence_scores)"
 
 
 def last_token_index(attention_mask):
@@ -44,6 +45,15 @@ def is_decoder_head(model) -> bool:
     """Decoder-style classification models (Llama, Gemma, Qwen, GPT-2, ...) keep their head in ``.score``."""
     model = hugging_face_model(model)
     return hasattr(model, "score") and hasattr(model, "base_model_prefix") and hasattr(model, model.base_model_prefix)
+
+
+def check_head(model) -> None:
+    """A one-line error unless ``model`` has a decoder's per-token score head."""
+    if not is_decoder_head(model):
+        raise UserError(
+            f"{type(model).__name__} has no per-token score head ('score'): critic and reward "
+            "model must be decoder *ForSequenceClassification models (what 'marlhf rm' writes)"
+        )
 
 
 def token_values(model, input_ids, attention_mask):
@@ -72,6 +82,17 @@ def sequence_scores(model, input_ids, attention_mask):
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     last = hidden[rows, last_token_index(attention_mask)]
     return model.score(last).squeeze(-1).float()
+
+
+def last_token_scores(model, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A reward model's score at each sequence's last real token (EOS when present): [B].
+    ``model`` may be a DeepSpeed engine around it.
+
+    ``attention_mask`` is [prompt mask | response mask], so its last 1 is the response's
+    last real token, as in ``marlhf rm`` (:func:`sequence_scores`).
+    """
+    check_head(unwrap(model))
+    return sequence_scores(unwrap(model), sequences, attention_mask).float()
 
 
 def reward_stats(config: Any) -> tuple[float, float]:

@@ -23,9 +23,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from .. import scoring
-from ...generation.texts import decode_responses
-from ..forward import last_token_scores
+from ..generation.texts import decode_responses
+from .heads import last_token_scores, reward_stats
 
 
 @dataclass
@@ -75,7 +74,7 @@ class RewardFn(Protocol):
 
 def score_statistics(model) -> tuple[float, float]:
     """(mean, std) of held-out scores that ``marlhf rm`` stored in config.json; (0, 1) if none."""
-    return scoring.reward_stats(getattr(getattr(model, "module", model), "config", None))
+    return reward_stats(getattr(getattr(model, "module", model), "config", None))
 
 
 class RewardModelReward:
