@@ -33,6 +33,7 @@ ADVANTAGES = ("gae", "rloo", "grpo", "mc", "tree")  # marlhf_cli.macro.ADVANTAGE
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "token-sum")  # marlhf_cli.macro.LOSS_AGGREGATIONS
 X_AXES = ("step", "tokens")  # marlhf ppo --compare --x-axis (train/ppo/report.py)
 GENERATIONS = ("auto", "eager", "compiled")  # marlhf_cli.generation.compiled.MODES
+DPO_LOSS_TYPES = ("sigmoid", "ipo")  # marlhf_cli.train.dpo_loss.LOSS_TYPES
 
 
 def parse_list(text: Any, kind: type, flag: str) -> list:
@@ -53,11 +54,19 @@ class Accepts:
 
     test: Callable[[Any], bool]
     expected: str
+    choices: tuple = ()  # one_of's: a misspelt one is named in the error
 
     def check(self, flag: str, value: Any) -> None:
         if not self.test(value):
             shown = f"{value:g}" if isinstance(value, float) else repr(value)
-            raise UserError(f"{flag} must be {self.expected}, got {shown}")
+            raise UserError(f"{flag} must be {self.expected}, got {shown}{self._meant(value)}")
+
+    def _meant(self, value: Any) -> str:
+        import difflib
+
+        words = [str(choice) for choice in self.choices]
+        close = difflib.get_close_matches(str(value), words, n=1, cutoff=0.6) if isinstance(value, str) else []
+        return f" (did you mean {close[0]}?)" if close else ""
 
 
 def at_least(low: float) -> Accepts:
@@ -76,7 +85,7 @@ def between(low: float, high: float, *, high_open: bool = False, low_open: bool 
 
 
 def one_of(*choices: Any) -> Accepts:
-    return Accepts(lambda v: v in choices, "one of " + ", ".join(str(c) for c in choices))
+    return Accepts(lambda v: v in choices, "one of " + ", ".join(str(c) for c in choices), choices)
 
 
 def numbers(kind: type, item: Accepts) -> Accepts:
@@ -166,7 +175,7 @@ def reward_list(value: Any) -> list[str]:
 
 def rewards(*names: str, several: bool = False) -> Accepts:
     words = f"one of {', '.join(names)}, or py:FILE.py:FUNCTION" + (" (several comma-separated)" if several else "")
-    return RewardChoice(lambda v: v in names, words, several)
+    return RewardChoice(lambda v: v in names, words, names, several=several)
 
 
 def weight_list(text: Any) -> list[float]:
@@ -238,6 +247,11 @@ ACCEPTS: dict[str, Accepts] = {
     "clip_range": above(0),
     "value_clip_range": above(0),
     "gamma": between(0, 1),
+    "beta": above(0),  # dpo
+    "loss_type": one_of(*DPO_LOSS_TYPES),
+    "label_smoothing": between(0, 0.5, high_open=True),
+    "length_penalty": at_least(0),
+    "reference": MODEL_SOURCE,
     "lam": Accepts(lambda v: v == "adaptive" or (not isinstance(v, str) and 0 <= v <= 1), "a number in [0, 1], or adaptive"),
     "lam_alpha": above(0),
     "critic_lambda": between(0, 1),
@@ -283,7 +297,8 @@ ACCEPTS: dict[str, Accepts] = {
     "tokenizer": MODEL_SOURCE,
 }
 STAGE_ACCEPTS: dict[str, dict[str, Accepts]] = {
-    "bon": {"n": numbers(int, POSITIVE), "temperature": numbers(float, above(0)), "reward": rewards("model")},
+    "bon": {"n": numbers(int, POSITIVE), "temperature": numbers(float, above(0)), "reward": rewards("model"),
+            "policy": Accepts(lambda v: all(_model_source(p.strip()) for p in str(v).split(",")), MODEL_SOURCE.expected + ", or several comma-separated")},
     "passk": {"n": POSITIVE, "reward": rewards("apps")},
 }
 # Fields whose flag is not --<field-with-dashes>.
@@ -322,6 +337,8 @@ def validate(stage: str, config: Any) -> None:
     from .lora import check_options  # LoRA options that cannot go together (imports no torch)
 
     check_options(config)
+    if getattr(config, "label_smoothing", 0) and config.loss_type != "sigmoid":  # dpo
+        raise UserError(f"--label-smoothing is conservative DPO's, a sigmoid loss: it does not apply to --loss-type {config.loss_type}")
     if isinstance(getattr(config, "dataset", None), str):
         from .data.loader import check_source
 

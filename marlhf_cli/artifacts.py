@@ -235,11 +235,11 @@ class RunDir:
 
     def policy(self, value: str | None) -> tuple[str, str]:
         """(model folder or id, a name for its results) of a --policy or --model that may name
-        a stage of this run: sft (the default), ppo (the one PPO run), ppo/<name>, a folder of
-        the run; anything else is a folder or hub id as it is."""
+        a stage of this run: sft (the default), dpo, ppo (the one PPO run), ppo/<name>, a folder
+        of the run; anything else is a folder or hub id as it is."""
         value = value or "sft"
-        if value == "sft":
-            return str(self.require("sft")), "sft"
+        if value in ("sft", "dpo"):
+            return str(self.require(value)), value
         if value == "ppo":
             names = sorted(p.name for p in self.path("ppo").glob("*") if (p / "config.json").is_file())
             if len(names) != 1:

@@ -362,6 +362,7 @@ def export_pretrained(
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        eng.release_prefetched(engine)
         with eng.gathered_params(engine):
             if eng.is_main():
                 save(model, staging, out_dir) if save else model.save_pretrained(staging)

@@ -22,7 +22,7 @@ app = typer.Typer(
     name="marlhf",
     help=(
         "MA-RLHF from the command line: supervised fine-tuning, reward models, PPO and MA-PPO "
-        "(RLHF with macro actions), and previews of macro-action segmentation. "
+        "(RLHF with macro actions), DPO, and previews of macro-action segmentation. "
         "All stages share one run directory (--run-dir)."
     ),
     no_args_is_help=True,
@@ -191,6 +191,30 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
+@options.with_flags(flags.DPO, flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, flags.TRACKING, options.RUN_DIR,
+                    options.COMMON)  # fmt: skip
+def dpo(**shared: Any) -> None:
+    """Direct preference optimisation of the policy from sft/; writes dpo/.
+
+    The paper's DPO baseline: policy and reference from the SFT model, the pairs of the PPO
+    share, loss -log sigmoid(beta x margin) (or ipo, label smoothing, a length penalty).
+
+    Reports TRL's rewards/ and logps/ metrics on the held-out pairs; bon, judge and passk take
+    the result as --policy dpo. Examples: marlhf dpo --preset cpu-tiny; marlhf dpo --dataset hh
+    --preset hh; marlhf dpo --loss-type ipo --beta 0.5; marlhf dpo --length-penalty 0.01
+    """
+    config = options.resolve_config("dpo", **shared)
+    from .artifacts import RunDir
+    from .train.sources import dpo_sources
+
+    dpo_sources(config, RunDir(config.run_dir))  # "run marlhf sft first" before torch is imported
+    from .train import dpo as stage
+
+    stage.run(config)
+
+
+@app.command(cls=GroupedHelp)
+@options.user_errors
 @options.with_flags(options.RUN_DIR, options.COMMON)
 def bon(
     policy: eval_flags.BonPolicy = None,
@@ -221,7 +245,9 @@ def bon(
 
     Samples the largest N once per temperature and estimates smaller N from the same samples;
     writes bon/<name>.json, bon/<name>-best.jsonl, plots/bon-<name>.png; a rerun skips finished temperatures.
-    Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16 --temperature 0.2,0.6,1.0; marlhf bon --policy sft
+    Several policies, comma-separated, each get their own sweep on the same prompts and one table
+    side by side (with --n 1, the paper's Table 7). Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16
+    --temperature 0.2,0.6,1.0; marlhf bon --policy sft,dpo,ppo/rloo,ppo/vanilla,ppo/fixed5 --n 1 --temperature 0.8
     """
     config = options.resolve_config(
         "bon",
@@ -231,7 +257,8 @@ def bon(
         generation=generation, normalize=normalize, **shared,
     )
     from .evaluate import bon as stage
-    stage.run(config)
+
+    stage.run_policies(config) if "," in (config.policy or "") else stage.run(config)
 
 
 @app.command(cls=GroupedHelp)
@@ -338,7 +365,7 @@ def passk(
 @app.command(cls=GroupedHelp)
 @options.user_errors
 def push(
-    folder: Annotated[str, typer.Argument(help="A stage's export in a run directory: RUN_DIR/sft, RUN_DIR/rm or RUN_DIR/ppo/NAME.", show_default=False)],
+    folder: Annotated[str, typer.Argument(help="A stage's export in a run directory: RUN_DIR/sft, RUN_DIR/rm, RUN_DIR/dpo or RUN_DIR/ppo/NAME.", show_default=False)],
     repo: Annotated[str, typer.Argument(help="The Hub repository, owner/name (made if it does not exist).", show_default=False)],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the model card and the files an upload would send; send nothing.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")] = False,

@@ -378,6 +378,15 @@ def gathered_params(engine, modifier_rank: int | None = None) -> Iterator[None]:
         yield
 
 
+def release_prefetched(engine) -> None:
+    """Under ZeRO-3, wait for and release every parameter a forward prefetched for the next one
+    (DeepSpeed's ``empty_partition_cache``): gathering them all again, as an export does, fails
+    on one still in flight ("Cannot partition a param in flight": dpo's policy, whose last
+    forward is an evaluation's, left its tied embedding prefetched). A no-op otherwise."""
+    if zero_stage(engine) == 3 and hasattr(engine, "empty_partition_cache"):
+        engine.empty_partition_cache()
+
+
 def current_lr(engine) -> float:
     return float(engine.optimizer.param_groups[0]["lr"]) if engine.optimizer is not None else 0.0
 

@@ -14,7 +14,7 @@ from typer.core import TyperCommand
 
 # The order panels are printed in; a command shows the ones its options use.
 ORDER = (
-    "Data", "Model", "Segmentation", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
+    "Data", "Model", "Preference loss", "Segmentation", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
     "Judge", "Requests", "Reward model", "Sandbox", "Checkpoints", "Distributed and memory", "Compare runs",
     "Output", "Run",
 )  # fmt: skip
@@ -49,6 +49,8 @@ SHARED = {
 # where a command's flag belongs elsewhere than SHARED says
 BY_COMMAND = {
     "ppo": {"--max-prompt-length": "Sampling"},
+    "dpo": {**dict.fromkeys(("--beta", "--loss-type", "--label-smoothing", "--length-penalty"), "Preference loss"),
+            "--reference": "Model"},
     "bon": {
         **dict.fromkeys(("--n", "--batch-size", "--max-prompt-length"), "Sampling"),
         "--normalize": "Model",

@@ -1,7 +1,7 @@
 """``--push-to-hub REPO`` and ``marlhf push RUN_DIR/STAGE REPO``: a stage's export on the Hub,
 with a model card.
 
-The export (``sft/``, ``rm/``, ``ppo/<name>/`` with its ``critic/``) is a ``save_pretrained``
+The export (``sft/``, ``rm/``, ``dpo/``, ``ppo/<name>/`` with its ``critic/``) is a ``save_pretrained``
 folder; what is uploaded is that folder without its resume checkpoints, plus ``README.md``:
 a model card written from the run directory's ``run.json`` entry of the stage (the base
 model, the stage, the termination rule and estimator, the dataset, the steps, the final

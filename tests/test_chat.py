@@ -92,7 +92,8 @@ def test_smollm2_template_on_every_conversational_row_shape(tokenizer, tmp_path,
     assert example["labels"] == [IGNORE] * len(PROMPT_IDS) + PARIS + [IM_END]
     if "rejected" in record:
         pair = rm.encode_pair(tokenizer, record, 512, 512, chat)
-        assert pair == {"chosen": PROMPT_IDS + PARIS + [IM_END], "rejected": PROMPT_IDS + LONDON + [IM_END]}
+        assert pair == {"chosen": PROMPT_IDS + PARIS + [IM_END], "rejected": PROMPT_IDS + LONDON + [IM_END],
+                        "prompt_length": len(PROMPT_IDS)}
 
 
 def test_messages_row_trains_every_assistant_turn_and_only_them(tokenizer, tmp_path):

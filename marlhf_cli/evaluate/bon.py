@@ -29,6 +29,7 @@ of each prompt and temperature, with its score), ``plots/bon-<name>.png``, a tab
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -305,3 +306,27 @@ def run(config) -> dict[str, Any]:
         metrics=metrics,
     )  # fmt: skip
     return report
+
+
+def run_policies(config) -> dict[str, Any]:
+    """``--policy A,B,...``: each policy's sweep is a bon run of its own (its own cache,
+    outputs and run.json entry, named from the policy), on the same prompts with the same
+    seeds; then one table of them side by side and ``bon/<name>.json`` (name ``policies`` by
+    default) with each one's figures. With ``--n 1`` at one temperature this is the paper's
+    Table 7: every policy's mean reward-model score on the same held-out prompts."""
+    policies = list(dict.fromkeys(part.strip() for part in config.policy.split(",") if part.strip()))
+    if len(policies) < 2:
+        raise UserError(f"--policy {config.policy}: name two policies or more to compare, or one without a comma")
+    reports = [run(dataclasses.replace(config, policy=policy, name=None)) for policy in policies]
+    tables.policies_table(reports)
+    name = safe_name(config.name) if config.name else "policies"
+    summary = {
+        "policies": [{"policy": r["policy"], "name": r["name"], "results": r["results"]} for r in reports],
+        "prompts": reports[0]["prompts"], "source": reports[0]["source"], "n": reports[0]["n"],
+        "temperatures": reports[0]["temperatures"], "config": config_module.to_dict(config),
+    }  # fmt: skip
+    out = artifacts.write_json(RunDir(config.run_dir).path("bon", f"{name}.json"), summary)
+    from rich.console import Console
+
+    Console(stderr=True).print(f"wrote {out}", highlight=False)
+    return summary

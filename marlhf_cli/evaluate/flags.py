@@ -17,7 +17,7 @@ from ..options import opt as _opt, switch as _switch
 
 # bon ---------------------------------------------------------------------------------------
 BonName = Annotated[Optional[str], _opt("--name", "Result name: bon/<name>.json, plots/bon-<name>.png. [default: from --policy, e.g. sft or ppo-<name>]")]
-BonPolicy = Annotated[Optional[str], _opt("--policy", "Policy to sample: a run-directory stage (sft, ppo/<name>, or ppo when there is one run), a hub id, a folder or an alias ('tiny'). [default: sft]")]
+BonPolicy = Annotated[Optional[str], _opt("--policy", "Policy to sample: a run-directory stage (sft, dpo, ppo/<name>, or ppo when there is one run), a hub id, a folder or an alias ('tiny'); several, comma-separated, are each swept on the same prompts and compared in one table (bon/<name>.json, name 'policies' by default). [default: sft]")]
 BonRewardModel = Annotated[Optional[str], _opt("--reward-model", "Reward model that scores the samples (hub id, folder, alias 'tiny'). [default: the run's rm/]")]
 BonReward = Annotated[Optional[str], _opt("--reward", "What scores the samples: model (--reward-model) or py:FILE.py:FUNCTION, your Python function called as TRL's reward_funcs (prompts=, completions=, completions_ids=, the records' other fields); your own code, not sandboxed. [default: model]")]
 BonN = Annotated[Optional[str], _opt("--n", "Comma-separated N of best-of-N; the largest is sampled per prompt, smaller N are estimated from the same samples. [default: 4,8,16,32]")]

@@ -100,3 +100,30 @@ def agreement_table(first: str, second: str, agreement: dict[str, Any]) -> None:
         f"{fmt_rate(agreement['rate_without_ties'])} of {count(agreement['pairs_without_ties'], 'pair')}",
         highlight=False,
     )
+
+
+def policies_table(reports: list[dict[str, Any]]) -> None:
+    """``bon --policy A,B,...``: each policy's mean score of one sample (N=1) and of the best of
+    the largest N, per temperature, with normal 95% intervals over prompts (the paper's Table 7
+    at N=1), and its responses' mean length and EOS rate."""
+    top = str(max(reports[0]["n"]))
+    title = f"policies on the same {count(reports[0]['prompts'], 'prompt')} ({reports[0]['source']})"
+    caption = ("score: the reward model's (or --reward function's) on one sample per prompt; mean [95% interval: "
+               "+- 1.96 standard errors over prompts]")  # fmt: skip
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    labels = ("policy", "temperature", "score, N=1", *((f"best of {top}",) if top != "1" else ()), "tokens", "EOS rate")
+    for label in labels:
+        table.add_column(label, justify="left" if label == "policy" else "right", no_wrap=label != "policy")
+
+    def cell(figure: dict[str, float]) -> str:
+        half = 1.96 * figure["sem"]
+        return f"{figure['mean']:.4f} [{figure['mean'] - half:.4f}, {figure['mean'] + half:.4f}]"
+
+    for report in reports:
+        for index, (temperature, result) in enumerate(report["results"].items()):
+            one = result["best_of"].get("1")
+            first = cell(one) if one else f"{result['mean_score']:.4f}"
+            best = (cell(result["best_of"][top]),) if top != "1" else ()
+            table.add_row(report["name"] if index == 0 else "", temperature, first, *best, f"{result['mean_tokens']:.1f}",
+                          f"{result['eos_rate']:.2f}")  # fmt: skip
+    console.print(table)

@@ -50,10 +50,10 @@ EvalRecordsOption = Annotated[
 ]
 
 # schedule --------------------------------------------------------------------------------
-LrOption = Annotated[Optional[float], _opt("--lr", "Peak learning rate (AdamW). [default: sft 2e-5, rm 1e-5]")]
+LrOption = Annotated[Optional[float], _opt("--lr", "Peak learning rate (AdamW). [default: sft 2e-5, rm 1e-5, dpo 2e-7 (the paper's)]")]
 BatchSizeOption = Annotated[
     Optional[int],
-    _opt("--batch-size", "Global batch per optimizer step (sequences for sft, pairs for rm), over all processes and accumulation steps. [default: 64]"),
+    _opt("--batch-size", "Global batch per optimizer step (sequences for sft, pairs for rm and dpo), over all processes and accumulation steps. [default: 64]"),
 ]
 EpochsOption = Annotated[Optional[int], _opt("--epochs", "Passes over the training split (ignored when --max-steps is set). [default: 1]")]
 MaxStepsOption = Annotated[Optional[int], _opt("--max-steps", "Stop after this many optimizer steps (cycling the data if needed).")]
@@ -187,6 +187,19 @@ OffloadFrozen = Annotated[Optional[bool], _switch("--offload-frozen", "Keep the 
 Compare = Annotated[bool, typer.Option("--compare", help="Instead of training: draw the eval curves of the runs NAMES on one figure (plots/) and print their table.")]
 Names = Annotated[Optional[List[str]], typer.Argument(help="Run names for --compare.", show_default=False)]
 XAxis = Annotated[Optional[str], _opt("--x-axis", "With --compare: eval curves against the PPO step, or against tokens (generated tokens so far: responses plus mc's continuations, a tree's shared prefixes counted once: the sampling cost). [default: step]")]
+
+
+# ---------------------------------------------------------------------------------------
+# marlhf dpo (defaults: marlhf_cli.stage_configs.DPOConfig, the paper's Appendix C.3)
+
+DpoPolicy = Annotated[Optional[str], _opt("--policy", "Policy to train (hub id, folder, alias 'tiny'). [default: the run's sft/]")]
+Reference = Annotated[Optional[str], _opt("--reference", "The frozen reference of the implicit reward (hub id, folder, alias); it must share the policy's tokenizer. Its log-probs are computed once per pair, before the first step. With --lora-rank it is the policy with its adapter off. [default: --policy, the paper's]")]
+Beta = Annotated[Optional[float], _opt("--beta", "beta > 0: the implicit reward is beta x (log pi - log pi_ref) of a response; larger keeps the policy nearer the reference. [default: 0.1, the paper's on TL;DR; --preset hh: 0.01]")]
+LossType = Annotated[Optional[str], _opt("--loss-type", "sigmoid (DPO, the paper's: -log sigmoid(beta x margin)) or ipo ((margin - 1 / (2 beta))^2, on summed log-probs). [default: sigmoid]")]
+LabelSmoothing = Annotated[Optional[float], _opt("--label-smoothing", "Conservative DPO: the share eps of pairs taken as mislabelled, in [0, 0.5) (sigmoid only). [default: 0]")]
+LengthPenalty = Annotated[Optional[float], _opt("--length-penalty", "R-DPO's alpha >= 0: the margin minus alpha x (chosen tokens - rejected tokens), so a longer chosen response earns less (every TL;DR preference set here prefers the longer summary). [default: 0]")]
+DPO = {"policy": DpoPolicy, "reference": Reference, "beta": Beta, "loss_type": LossType, "label_smoothing": LabelSmoothing,
+       "length_penalty": LengthPenalty}  # fmt: skip
 
 
 # tracking and the Hub (marlhf_cli/tracking, marlhf_cli/hub_push.py) ---------------------------

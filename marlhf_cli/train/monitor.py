@@ -110,12 +110,12 @@ class Monitor:
 
     # plot ---------------------------------------------------------------------------------
     def plot(self, metric: str = "loss", title: str | None = None, xlabel: str = "optimizer step") -> Path | None:
-        """``plots/<stage>-loss.png``: the training curve and the held-out points (none with
-        MARLHF_PLOTS=0)."""
+        """``plots/<stage>-<metric>.png`` (a '/' in the metric's name, as TRL's rewards/margins,
+        becomes '-'): the training curve and the held-out points (none with MARLHF_PLOTS=0)."""
         if not self.enabled or not self.path.is_file() or not plots_wanted():
             return None
         rows = artifacts.read_jsonl(self.path)
-        path = self.run.plot_path(f"{self.stage}-{metric}")
+        path = self.run.plot_path(artifacts.safe_name(f"{self.stage}-{metric}"))  # rewards/margins: dpo-rewards-margins.png
         return plot_curves(rows, metric, path, title or f"{self.stage} {metric}", xlabel)
 
 

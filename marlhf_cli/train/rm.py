@@ -39,8 +39,9 @@ STAGE = "rm"
 
 def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int, chat: ChatFormat | None = None,
                 cuts: Cuts | None = None) -> dict | None:
-    """``{"chosen": ids, "rejected": ids}``, each prompt + response + its end token (EOS, or
-    the chat template's end of turn, where the score is read); None if they coincide."""
+    """``{"chosen": ids, "rejected": ids, "prompt_length": P}``, each prompt + response + its
+    end token (EOS, or the chat template's end of turn, where the score is read), the first P
+    ids the prompt's (``marlhf dpo`` scores the responses alone); None if they coincide."""
     chat = chat or ChatFormat(tokenizer, NONE)
     prompt = encode_prompt(tokenizer, chat.prompt(record), max_prompt, cuts)
     chosen, rejected = (chat.render(record, key) for key in ("chosen", "rejected"))
@@ -48,7 +49,7 @@ def encode_pair(tokenizer, record: dict, max_prompt: int, max_response: int, cha
     rejected_ids = encode_response(tokenizer, rejected.response, max_response, rejected.end_id, cuts)
     if chosen_ids == rejected_ids:
         return None
-    return {"chosen": prompt + chosen_ids, "rejected": prompt + rejected_ids}
+    return {"chosen": prompt + chosen_ids, "rejected": prompt + rejected_ids, "prompt_length": len(prompt)}
 
 
 def encode_pairs(tokenizer, records: Sequence[dict], max_prompt: int, max_response: int, chat: ChatFormat | None = None,

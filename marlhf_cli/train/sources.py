@@ -19,6 +19,13 @@ def base_model(config: Any, run_dir: RunDir) -> str:
     return str(config.model) if config.model else str(run_dir.require("sft"))
 
 
+def dpo_sources(config: Any, run_dir: RunDir) -> tuple[str, str]:
+    """``marlhf dpo``'s (policy, reference): the flags, else the run's SFT model for both (the
+    paper's; a one-line error naming ``marlhf sft`` if absent)."""
+    policy = str(config.policy) if config.policy else str(run_dir.require("sft"))
+    return policy, str(config.reference) if config.reference else policy
+
+
 def reward_specs(config) -> list[str]:
     """``--reward`` as a list, each ``model``, ``apps`` or ``py:FILE.py:FUNCTION``; by default
     ``apps`` for the APPS dataset (its reward is the tests' outcome, docs/method.md "Program

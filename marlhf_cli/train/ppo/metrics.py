@@ -149,8 +149,8 @@ def explained_variance(total: dict[str, float]) -> float:
 
 def live_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The few numbers the progress bar shows."""
-    # without a reference, the KL to the sampling policy (the update's approx_kl) in its place
-    shown = {"score": metrics["score"]} | ({"kl": metrics["kl_k3"]} if "kl_k3" in metrics else {"kl_old": metrics.get("approx_kl", 0.0)})
+    # without a reference (--kl-coef 0) there is no KL to show
+    shown = {"score": metrics["score"]} | ({"kl": metrics["kl_k3"]} if "kl_k3" in metrics else {})
     if "segment_length" in metrics:  # (rloo and grpo cut no macro actions: nothing to show)
         shown["seg"] = metrics["segment_length"]
     return shown | {"s/step": metrics["step_time"]}
