@@ -26,10 +26,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="pairs per step")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precompute", action="store_true", help="precompute_ref_log_probs: the reference once, up front")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16 on a GPU only (TRL's bf16 fails on a CPU)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--work-dir", required=True)
     args = parser.parse_args()
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -40,11 +43,12 @@ def main() -> None:
     from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
+    bf16 = args.dtype == "bf16" and args.device == "cuda"
     policy = AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.float32)
     with open(args.pairs, encoding="utf-8") as handle:
         pairs = [json.loads(line) for line in handle if line.strip()]
     config = DPOConfig(
-        output_dir=os.path.join(args.work_dir, f"trl-dpo-{time.time_ns()}"), use_cpu=True, bf16=False,
+        output_dir=os.path.join(args.work_dir, f"trl-dpo-{time.time_ns()}"), use_cpu=args.device == "cpu", bf16=bf16,
         per_device_train_batch_size=args.batch, max_steps=args.steps, learning_rate=5e-7, lr_scheduler_type="constant",
         beta=0.1, loss_type=["sigmoid"], max_length=100_000, gradient_checkpointing=False, disable_dropout=True,
         precompute_ref_log_probs=args.precompute, logging_steps=1, report_to=[], save_strategy="no", seed=0,
@@ -75,6 +79,8 @@ def main() -> None:
         "before_first_step": stamps[0] - began,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if torch.cuda.is_available():
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(result, handle)
 

@@ -4,6 +4,7 @@ dtype and threads.
     python3 -m venv benchmarks/.venv-trl-new && benchmarks/.venv-trl-new/bin/pip install torch==2.13.0 trl
     python benchmarks/vs_trl_dpo.py [--models tiny,smollm2-135m] [--rounds 3] [--steps 8] [--warmup 2]
                                     [--batch 8] [--prompt-tokens 96] [--response-tokens 48] [--threads 1]
+                                    [--device cpu|cuda] [--dtype fp32|bf16] [--marlhf-only]
                                     [--trl-python PYTHON] [--json FILE]
 
 For each model (``tiny``: the random-init 3.2M alias; ``smollm2-135m``: SmolLM2-135M-Instruct's
@@ -25,7 +26,9 @@ pair). Then ``--rounds`` rounds, every model's in turn, each round a fresh proce
 Per tool: the median step time over every run's steps after ``--warmup``, tokens per second
 (the pairs' mean prompt + chosen + prompt + rejected tokens x ``--batch`` / median step time),
 the peak resident memory of the process, the reference's one pass (marlhf and trl-precompute),
-and marlhf's speed over each TRL's, with every round's ratio.
+and marlhf's speed over each TRL's, with every round's ratio. ``--device cuda --dtype bf16``
+runs both on a GPU in bf16 (each tool's peak GPU memory reported too); ``--marlhf-only`` times
+marlhf alone (the GPU suite's DPO row, where no TRL of 1.13 or later is installed).
 """
 
 from __future__ import annotations
@@ -101,9 +104,13 @@ def marlhf_worker(args) -> None:
     torch.set_num_threads(args.threads)
     folder = Path(args.work)
     run_dir = folder / f"marlhf-run-{time.time_ns()}"
+    if args.device == "cpu":
+        import os
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     config = config_module.resolve("dpo", flags=dict(
         run_dir=str(run_dir), policy=str(folder / "policy"), dataset=str(folder / "pairs.jsonl"), split_shares="0/0/100",
-        batch_size=args.batch, max_steps=args.steps, lr=5e-7, lr_scheduler="constant", beta=0.1, dtype="fp32", eval_every=0,
+        batch_size=args.batch, max_steps=args.steps, lr=5e-7, lr_scheduler="constant", beta=0.1, dtype=args.dtype, eval_every=0,
         eval_records=0, save_every=0, max_prompt_length=args.prompt_tokens + 16, max_response_length=args.response_tokens + 16,
         seed=0,
     ))  # fmt: skip
@@ -112,14 +119,17 @@ def marlhf_worker(args) -> None:
     entry = json.loads((run_dir / "run.json").read_text())["stages"]["dpo"]
     result = {"tool": "marlhf", "threads": torch.get_num_threads(), "step_times": [row["step_time"] for row in rows],
               "reference_seconds": entry["inputs"]["reference_seconds"],
-              "reference_pairs": entry["inputs"]["train_pairs"] + entry["inputs"]["eval_records"],
+              "reference_pairs": entry["inputs"]["reference_pairs"],
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+    if torch.cuda.is_available():
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     Path(args.out).write_text(json.dumps(result))
 
 
 def run_tool(tool: str, folder: Path, args, index: int) -> dict:
     out, log = folder / f"{tool}-{index}.json", folder / f"{tool}-{index}.log"
-    common = ["--steps", str(args.steps), "--batch", str(args.batch), "--threads", str(args.threads), "--out", str(out)]
+    common = ["--steps", str(args.steps), "--batch", str(args.batch), "--threads", str(args.threads), "--out", str(out),
+              "--device", args.device, "--dtype", args.dtype]  # fmt: skip
     if tool == "marlhf":
         command = [sys.executable, __file__, "--marlhf-worker", "--work", str(folder), "--prompt-tokens", str(args.prompt_tokens),
                    "--response-tokens", str(args.response_tokens), *common]  # fmt: skip
@@ -142,8 +152,8 @@ def report(model: str, info: dict, runs: dict[str, list[dict]], args) -> dict:
     tokens = info["tokens_per_pair"] * args.batch
     print(f"\n## {model} ({info['params'] / 1e6:.1f}M parameters), {info['pairs']} pairs from {info['source']}, "
           f"{tokens:,.0f} tokens per step")  # fmt: skip
-    print("| tool | s / step (median) | per run | tokens / s | peak RSS (MiB) | the reference |")
-    print("|---|---:|---|---:|---:|---|")
+    print("| tool | s / step (median) | per run | tokens / s | peak RSS (MiB) | peak GPU (GiB) | the reference |")
+    print("|---|---:|---|---:|---:|---:|---|")
     setup = {tool: statistics.median(r.get("construct_seconds", 0.0) for r in rs) for tool, rs in runs.items()}
     for tool, rs in runs.items():
         per_run = " / ".join(f"{statistics.median(r['step_times'][args.warmup:]):.3f}" for r in rs)
@@ -153,12 +163,13 @@ def report(model: str, info: dict, runs: dict[str, list[dict]], args) -> dict:
             reference = f"once, in DPOTrainer(): {setup[tool]:.2f} s against {setup['trl']:.2f} s without"
         else:
             reference = "a forward at every step"
+        gpu = max((r["peak_memory_gib"] for r in rs if "peak_memory_gib" in r), default=None)
         print(f"| {tool} | {medians[tool]:.3f} | {per_run} | {tokens / medians[tool]:,.0f} | "
-              f"{max(r['peak_rss_mib'] for r in rs):,.0f} | {reference} |")  # fmt: skip
+              f"{max(r['peak_rss_mib'] for r in rs):,.0f} | {'-' if gpu is None else f'{gpu:.2f}'} | {reference} |")  # fmt: skip
     per_step = statistics.median(r["reference_seconds"] * args.batch / r["reference_pairs"] for r in runs["marlhf"])
     print(f"# marlhf's reference pass, per step's {args.batch} pairs: {per_step:.3f} s, what a reference forward at every "
           f"step would add to its {medians['marlhf']:.3f} s ({100 * per_step / medians['marlhf']:.0f}%)")  # fmt: skip
-    for other in ("trl", "trl-precompute"):
+    for other in [tool for tool in ("trl", "trl-precompute") if tool in runs]:
         rounds = [statistics.median(t["step_times"][args.warmup :]) / statistics.median(m["step_times"][args.warmup :])
                   for m, t in zip(runs["marlhf"], runs[other])]  # fmt: skip
         print(f"# marlhf / {other}: {medians[other] / medians['marlhf']:.2f}x tokens per second "
@@ -177,6 +188,9 @@ def main() -> None:
     parser.add_argument("--response-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: on a GPU (TRL's bf16 fails on a CPU)")
+    parser.add_argument("--marlhf-only", action="store_true", help="time marlhf alone (no TRL installed)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--marlhf-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -184,21 +198,23 @@ def main() -> None:
     args = parser.parse_args()
     if args.marlhf_worker:
         return marlhf_worker(args)
-    if not args.trl_python.is_file():
+    tools = ("marlhf",) if args.marlhf_only else TOOLS
+    if not args.marlhf_only and not args.trl_python.is_file():
         sys.exit(f"no TRL virtualenv at {args.trl_python}; create it with the commands in this script's docstring")
     print(H.machine_line())
     print(f"# CPU flags: {H.cpu_flags()}")
     work = Path(tempfile.mkdtemp(prefix="marlhf-vs-trl-dpo-"))
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     infos = {model: prepare(work, model, args) for model in models}
-    version = subprocess.run([str(args.trl_python), "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True).stdout.strip()
-    print(f"# TRL {version}; fp32, {args.threads} thread(s) per process, {args.batch} pairs per step, prompts cut to "
+    version = "" if args.marlhf_only else subprocess.run([str(args.trl_python), "-c", "import trl; print(trl.__version__)"],
+                                                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    print(f"# TRL {version or 'not run'}; {args.device}, {args.dtype}, {args.threads} thread(s) per process, {args.batch} pairs per step, prompts cut to "
           f"{args.prompt_tokens} tokens, responses to {args.response_tokens}; {args.steps} steps per run ({args.warmup} "
           f"warm-up), {args.rounds} rounds; work dir {work}")  # fmt: skip
-    runs = {model: {tool: [] for tool in TOOLS} for model in models}
+    runs = {model: {tool: [] for tool in tools} for model in models}
     for index in range(args.rounds):
         for model in models:
-            for tool in TOOLS if index % 2 == 0 else TOOLS[::-1]:
+            for tool in tools if index % 2 == 0 else tools[::-1]:
                 runs[model][tool].append(run_tool(tool, infos[model]["folder"], args, index))
                 print(f"# {model} {tool} run {index + 1} done ({runs[model][tool][-1]['process_seconds']:.0f} s)", flush=True)
     figures = {model: report(model, infos[model], runs[model], args) for model in models}

@@ -164,7 +164,7 @@ def test_a_lora_reference_is_the_base_models_log_probs(tiny, tokenizer, tmp_path
             if "lora_B" in name:
                 parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     engine = eng.build_engine(dpo.ResponseLogps(model), config, lr=config.lr, batch_size=4, total_steps=2)
-    dpo.attach_reference(task, engine, config, "tiny", own_start=False, pad_id=tokenizer.pad_token_id)
+    dpo.attach_reference(task.train, engine, config, "tiny", own_start=False, pad_id=tokenizer.pad_token_id)
     batch = dpo.collate(task.train, tokenizer.pad_token_id)
     with torch.no_grad():
         base = dpo.response_logps(tiny, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
@@ -292,3 +292,18 @@ def test_the_command_needs_an_sft_model_first(tmp_path):
     result = CliRunner().invoke(app, ["dpo", "--run-dir", str(tmp_path)])
     assert result.exit_code == 2 and "run 'marlhf sft" in result.output
 
+
+
+def test_the_reference_is_computed_for_the_pairs_the_run_reads(tokenizer):
+    """A run shorter than an epoch reads only its steps' pairs (loop.global_batch): those, and
+    every held-out pair, get reference log-probs; from one epoch on, every training pair."""
+    from types import SimpleNamespace
+
+    from marlhf_cli.train import dpo, loop
+
+    task = SimpleNamespace(train=[{"id": i} for i in range(20)], eval=[{"id": 100}, {"id": 101}])
+    config = SimpleNamespace(batch_size=4, seed=3)
+    short = dpo.used_pairs(task, config, 2)
+    expected = sorted(set(loop.global_batch(20, 4, 3, 0)) | set(loop.global_batch(20, 4, 3, 1)))
+    assert [p["id"] for p in short] == expected + [100, 101] and len(expected) == 8
+    assert [p["id"] for p in dpo.used_pairs(task, config, 5)] == list(range(20)) + [100, 101]

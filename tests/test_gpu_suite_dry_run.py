@@ -72,6 +72,8 @@ def test_speed_stage(tmp_path):
     assert summary["tiny 2x8: ms per generated token"]["eager"] > 0 and summary["tiny 2x8: ms per generated token"]["compiled"] > 0
     assert summary["tiny 2 prompts x K=2: mc (ppl, M=2) step / rloo step"]["goal"] == "<= 2x"
     assert "tiny-as-large-lora4: LoRA rank 4 PPO peak GPU memory (GiB)" in summary  # no GPU: no figure, the row stays
+    dpo = json.loads((tmp_path / "dpo-tiny.json").read_text())["models"]["tiny"]
+    assert dpo["medians"]["marlhf"] > 0 and summary["tiny: DPO step, 8 pairs (s)"]["compiled"] > 0
     assert (tmp_path / "speed.png").stat().st_size > 1000
     assert (tmp_path / "speed.log").read_text() == done.stdout  # the log is what was printed
 

@@ -9,7 +9,9 @@ Reads what ``suite.sh speed`` wrote to OUTDIR:
   step, response tokens per second;
 * ``vs_trl-<shape>.json`` (benchmarks/vs_trl.py): marlhf's tokens per second over TRL-core's;
 * ``mc_cost-<shape>.json`` (benchmarks/mc_cost.py): the ``mc`` step over the ``rloo`` step;
-* ``decode-<shape>-lora<R>.json``: the peak GPU memory of a LoRA run.
+* ``decode-<shape>-lora<R>.json``: the peak GPU memory of a LoRA run;
+* ``dpo-<shape>.json`` (benchmarks/vs_trl_dpo.py): marlhf's DPO step and its peak GPU memory,
+  and its tokens per second over TRL's DPOTrainer where TRL ran.
 
 and prints one table, each figure with the issue's goal where it set one (issue 33), then
 writes OUTDIR/speed.json (the rows) and OUTDIR/speed.png (milliseconds per token and
@@ -84,6 +86,19 @@ def rows(out: Path) -> list[dict]:
         goal = GOALS["lora_peak"]
         table.append({"figure": f"{_shape(path, 'decode-')}: LoRA rank {data['lora_rank']} PPO peak GPU memory (GiB)", "eager": None,
                       "compiled": peak, "goal": goal[0], "met": goal[1](peak) if peak is not None else None, "unit": ""})  # fmt: skip
+    for path in sorted(out.glob("dpo-*.json")):
+        shape, data = _shape(path, "dpo-"), _load(path)
+        for model in data["models"].values():
+            medians, tokens = model["medians"], model["tokens_per_step"]
+            peak = max((r["peak_memory_gib"] for r in model["runs"]["marlhf"] if "peak_memory_gib" in r), default=None)
+            table.append({"figure": f"{shape}: DPO step, {data['settings']['batch']} pairs (s)", "eager": None,
+                          "compiled": medians["marlhf"], "goal": "", "met": None, "unit": ""})  # fmt: skip
+            table.append({"figure": f"{shape}: DPO peak GPU memory (GiB)", "eager": None, "compiled": peak, "goal": "",
+                          "met": None, "unit": ""})  # fmt: skip
+            if "trl" in medians:
+                table.append({"figure": f"{shape}: DPO marlhf / TRL tokens per second", "eager": None,
+                              "compiled": (tokens / medians["marlhf"]) / (tokens / medians["trl"]), "goal": ">= 1x",
+                              "met": medians["trl"] >= medians["marlhf"], "unit": "x"})  # fmt: skip
     return table
 
 

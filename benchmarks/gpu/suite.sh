@@ -12,9 +12,10 @@
 #          -> OUTDIR/tests.log, OUTDIR/tests.xml (JUnit, with the sampler's measured gaps)
 #   speed  in bf16: decode_cost.py (the PPO step, eager against compiled sampling, batches 8x64 and
 #          64x128) at SmolLM2-135M's and -1.7B's shapes, LoRA rank 16's peak memory at 1.7B,
-#          mc_cost.py (mc against rloo) and vs_trl.py (against TRL 1.12's PPOTrainer) at 135M
+#          mc_cost.py (mc against rloo), vs_trl.py (against TRL 1.12's PPOTrainer) and
+#          vs_trl_dpo.py (the DPO step; against TRL's DPOTrainer where it is installed) at 135M
 #          -> OUTDIR/speed.log, decode-<shape>[-lora16].json, mc_cost-<shape>.json,
-#             vs_trl-<shape>.json, speed.json, speed.png
+#             vs_trl-<shape>.json, dpo-<shape>.json, speed.json, speed.png
 #   study  the credit-assignment pilot at SmolLM2-135M's shape with 256-token responses
 #          (studies/credit/gpu_scale.py) -> OUTDIR/study.log, credit_scale.json, credit_scale.png, runs.log
 #
@@ -134,6 +135,12 @@ speed_stage() {
     else
         echo "## grpo vs TRL $small_name: SKIPPED: MARLHF_TRL_NEW_PYTHON names no interpreter with TRL 1.13 or later"
     fi
+    # DPO in bf16 (issue 53): marlhf's step, against TRL's DPOTrainer where an interpreter with it is named
+    local dpo=(--steps 6 --warmup 2) dpo_trl=(--marlhf-only)
+    [ "$DEVICE" = cpu ] && dpo=(--steps 3 --warmup 1 --prompt-tokens 32 --response-tokens 16)
+    if [ -n "$grpo_python" ] && "$grpo_python" -c "import trl" 2>/dev/null; then dpo_trl=(--trl-python "$grpo_python"); fi
+    part "dpo $small_name" 110 "$PYTHON" benchmarks/vs_trl_dpo.py --models "$small" "${dpo[@]}" --rounds 1 "${dpo_trl[@]}" \
+        --device "$DEVICE" --dtype bf16 --threads "$THREADS" --json "$OUT/dpo-$small_name.json"
     part "speed report" 60 "$PYTHON" "$HERE/speed_report.py" "$OUT"
 }
 

@@ -150,13 +150,21 @@ def _engine_forward(engine, device) -> Callable[[dict], torch.Tensor]:
     return forward
 
 
-def attach_reference(task: loop.Task, engine, config: Any, reference: str, own_start: bool, pad_id: int) -> float:
-    """Every pair of the task gets its reference log-probs ("reference": (chosen, rejected));
+def used_pairs(task: loop.Task, config: Any, steps: int) -> list[dict]:
+    """The pairs the run will read: every training pair some step of the run's ``steps`` takes
+    (data order is a pure function of seed and step: loop.global_batch; a run shorter than an
+    epoch reads only part of the data) and every held-out pair."""
+    used = sorted({i for step in range(steps) for i in loop.global_batch(len(task.train), config.batch_size, config.seed, step)})
+    return [task.train[i] for i in used] + list(task.eval)
+
+
+def attach_reference(pairs: Sequence[dict], engine, config: Any, reference: str, own_start: bool, pad_id: int) -> float:
+    """Each of ``pairs`` gets its reference log-probs ("reference": (chosen, rejected));
     returns the seconds it took. ``own_start``: the engine still holds the reference's
     weights (no update yet, no extension), so it computes them itself; with LoRA the engine
     with its adapter off does, whatever it holds; otherwise ``reference`` is loaded for it."""
     started = time.perf_counter()
-    pairs = list(task.train) + list(task.eval)
+    pairs = list(pairs)
     micro = config.batch_size // (config.gradient_accumulation_steps * eng.world_size())
     engine.eval()
     if lora.enabled(config):
@@ -254,12 +262,14 @@ def run(config: Any) -> dict[str, Any]:
         save = lora.merged_saver(lambda: load_causal_lm(policy, dtype="fp32"), stage="dpo")
     engine = eng.build_engine(ResponseLogps(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps)
     own_start = reference == policy and extension is None  # a checkpoint is loaded only in fit(), after this
-    seconds = attach_reference(task, engine, config, reference, own_start, tokenizer.pad_token_id)
-    common.say(f"reference log-probs of {count(len(task.train) + len(task.eval), 'pair')} computed once ({seconds:.1f} s), "
+    needed = used_pairs(task, config, steps)
+    seconds = attach_reference(needed, engine, config, reference, own_start, tokenizer.pad_token_id)
+    common.say(f"reference log-probs of the {count(len(needed), 'pair')} the run reads computed once ({seconds:.1f} s), "
                "not at every step")  # fmt: skip
     inputs = common.inputs_entry(
         config, policy, train, held_out, reference=reference, train_pairs=len(task.train), identical_pairs=identical,
         chat_template=chat.example(train.records), cut=cuts.as_dict(), reference_seconds=round(seconds, 2),
+        reference_pairs=len(needed),
     )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)
     out = checkpoints.export_pretrained(engine, run_dir.stage_dir(STAGE), tokenizer=tokenizer, unwrap=lambda module: module.model,
