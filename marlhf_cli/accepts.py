@@ -114,9 +114,10 @@ def rule_list(spec: Any) -> list[str]:
 
 
 def parses(parse: Callable[[Any], Any] | str) -> Callable[[Any], bool]:
-    """A test that ``parse`` takes the value: returns something and raises no ValueError.
-    ``parse`` may be named as "module:function" under marlhf_cli, imported when first used
-    (this module loads before anything heavy)."""
+    """A test that ``parse`` takes the value: it raises no ValueError (what it returns may be
+    empty: ``--report-to none`` parses to no tracker). ``parse`` may be named as
+    "module:function" under marlhf_cli, imported when first used (this module loads before
+    anything heavy)."""
 
     def test(value: Any) -> bool:
         function = parse
@@ -124,9 +125,10 @@ def parses(parse: Callable[[Any], Any] | str) -> Callable[[Any], bool]:
             module, name = function.split(":")
             function = getattr(importlib.import_module(module, __package__), name)
         try:
-            return bool(function(value))
+            function(value)
         except ValueError:
             return False
+        return True
 
     return test
 
