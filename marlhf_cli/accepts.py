@@ -205,7 +205,7 @@ POSITIVE = at_least(1)
 # By field name, for every stage with that field; STAGE_ACCEPTS wins where a stage's field
 # means something else. None values (not given, "all", "the default") are not checked.
 ACCEPTS: dict[str, Accepts] = {
-    "seed": at_least(0),
+    "seed": between(0, 2**32 - 1),  # what every generator takes (numpy's the narrowest)
     "max_records": POSITIVE,
     "split_shares": Accepts(parses(".data.splits:parse_split_shares"), "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
     "eval_records": at_least(0),

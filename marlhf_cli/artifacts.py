@@ -326,13 +326,14 @@ class RunDir:
         return entry
 
 
-def mark_interrupted() -> list[str]:
-    """Ctrl-C: each run.json entry this process left "running" says "interrupted" instead
-    (a killed process cannot say anything, and its entry stays "running"). Returns the stages."""
+def mark_unfinished(status: str) -> list[str]:
+    """Each run.json entry this process left "running" says ``status`` instead: "interrupted"
+    after Ctrl-C or SIGTERM, "failed" after an error the command reports (a killed process
+    cannot say anything, and its entry stays "running"). Returns the stages."""
     stages = []
     for (_, stage), run in list(_RUNNING.items()):
         try:
-            run.record_stage(stage, status="interrupted")
+            run.record_stage(stage, status=status)
         except (OSError, UserError):  # the run directory went away or was damaged meanwhile
             continue
         stages.append(stage)

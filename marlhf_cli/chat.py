@@ -327,7 +327,7 @@ def _preview_inputs(config: Any, stage: str) -> tuple[str, list[dict], str]:
         name = str(config.model)
     elif stage == "rm":
         name = str(config.model) if config.model else str(run_dir.require("sft"))
-    elif stage == "ppo":
+    elif stage in ("ppo", "dpo"):
         name = str(config.policy) if config.policy else str(run_dir.require("sft"))
     else:  # bon, passk: a run-directory stage or a model
         name = run_dir.policy(config.policy if stage == "bon" else config.model)[0]

@@ -64,11 +64,26 @@ _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
 KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "text"}
+# the float options for which inf means something (a segment length: one segment per response);
+# every other float option takes finite numbers only: inf or nan would train on NaN
+INFINITE_OK = frozenset({"n"})
+
+
+def _finite(name: str, value: Any) -> Any:
+    """``value``, or a one-line error where a float option got inf or nan."""
+    if isinstance(value, float) and not math.isfinite(value) and not (math.isinf(value) and name in INFINITE_OK):
+        raise UserError(f"{flag_name(name)} (config key '{name}') must be a finite number, got {value}")
+    return value
 
 
 def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
-    """Convert a YAML or flag value to the field's annotated type ('inf' allowed for floats);
-    a value of another type is an error in the words of what the option accepts."""
+    """Convert a YAML or flag value to the field's annotated type ('inf' only where it means
+    something: INFINITE_OK); a value of another type is an error in the words of what the
+    option accepts."""
+    return _finite(name, _converted(name, value, annotation, stage))
+
+
+def _converted(name: str, value: Any, annotation: str, stage: str) -> Any:
     if value is None:
         return None
     kind = next((k for k in _SCALARS if re.search(rf"\b{k}\b", annotation)), None)
@@ -100,13 +115,30 @@ def _coerce(name: str, value: Any, annotation: str, stage: str) -> Any:
         raise UserError(f"{flag_name(name)} (config key '{name}') must be {what}, got {value!r}") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the later
+    value silently: a user's second ``lr:`` would win without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}' on line {key_node.start_mark.line + 1}",
+                                                        key_node.start_mark)  # fmt: skip
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Load a YAML config file into a dict, with one-line errors for users."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: a folder, not a config file (--config takes a YAML file)")
     if not path.is_file():
         raise UserError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UserError(f"{path}: not valid YAML ({first})") from None

@@ -191,16 +191,19 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except UserError as err:
+            from .artifacts import mark_unfinished
+
+            mark_unfinished("failed")  # a stage the error stopped says so in run.json
             details = getattr(err, "details", "")  # UserCodeError: the traceback of the user's own code
             if details and not debug:
                 print(details, file=sys.stderr)
             fail(str(err), debug)
         except KeyboardInterrupt as stop:
-            from .artifacts import mark_interrupted
+            from .artifacts import mark_unfinished
 
             if previous is not None:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the record short
-            stages = mark_interrupted()
+            stages = mark_unfinished("interrupted")
             terminated = isinstance(stop, Terminated)
             marked = f" ({', '.join(stages)} marked {'interrupted' if terminated else 'so'} in run.json)" if stages else ""
             from .checkpoints import interrupted_checkpoint
@@ -245,4 +248,4 @@ def resolve_config(
     return resolved
 
 
-RENDERS_RECORDS = ("sft", "rm", "ppo", "bon", "passk")  # stages whose --dry-run shows a rendered record
+RENDERS_RECORDS = ("sft", "rm", "ppo", "dpo", "bon", "passk")  # stages whose --dry-run shows a rendered record

@@ -20,6 +20,14 @@ def _one_line(result) -> str:
     return lines[0]
 
 
+def _error(result) -> str:
+    """A run that failed part-way: exit 2, no traceback, the error its one line beside the
+    stage's progress lines."""
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    return errors[0]
+
+
 # ---------------------------------------------------------------------------------------
 # 1. --report-to none
 
@@ -37,3 +45,73 @@ def test_report_to_none_is_taken_from_the_flag_and_from_a_file(tmp_path):
     done = _invoke("sft", "--preset", "cpu-tiny", "--report-to", "none", "--max-steps", "2", "--run-dir", str(run))
     assert done.exit_code == 0, done.output[-2000:]
     assert (run / "sft" / "config.json").is_file() and not (run / "tb").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# 5, 7, 9 and a duplicate key: values the options took and the run could not
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("ppo", "--kl-coef", "inf"), "--kl-coef (config key 'kl_coef') must be a finite number, got inf"),
+    (("ppo", "--actor-lr", "nan"), "must be a finite number, got nan"),
+    (("sft", "--lr", "-inf"), "must be a finite number"),
+    (("ppo", "--seed", "1180591620717411303424"), "--seed must be in [0, 4294967295]"),
+])  # fmt: skip
+def test_values_no_run_can_use_are_one_line(tmp_path, flags, words):
+    assert words in _one_line(_invoke(*flags, "--dry-run", "--run-dir", str(tmp_path)))
+
+
+def test_inf_stays_a_segment_length_and_the_largest_seed_runs(tmp_path):
+    assert "n: inf" in _invoke("ppo", "--n", "inf", "--dry-run", "--run-dir", str(tmp_path)).output
+    done = _invoke("sft", "--preset", "cpu-tiny", "--seed", str(2**32 - 1), "--max-steps", "1", "--run-dir", str(tmp_path / "run"))
+    assert done.exit_code == 0, done.output[-2000:]
+
+
+def test_config_files_that_are_folders_or_repeat_a_key(tmp_path):
+    assert "a folder, not a config file" in _one_line(_invoke("sft", "--config", str(tmp_path), "--dry-run"))
+    repeated = tmp_path / "twice.yaml"
+    repeated.write_text("lr: 1.0e-3\nbatch_size: 4\nlr: 5.0e-3\n", encoding="utf-8")
+    assert "duplicate key 'lr' on line 3" in _one_line(_invoke("sft", "--config", str(repeated), "--dry-run"))
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("ppo:\n  kl_coef: 0.1\n  kl_coef: 0.2\n", encoding="utf-8")
+    assert "duplicate key 'kl_coef'" in _one_line(_invoke("ppo", "--config", str(nested), "--dry-run"))
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory):
+    """A causal LM and a reward model, each with one weight that is NaN."""
+    pytest.importorskip("gguf")
+    import torch
+
+    from marlhf_cli.models import load_causal_lm, load_reward_model, load_tokenizer
+
+    root = tmp_path_factory.mktemp("broken")
+    policy, reward = load_causal_lm("tiny"), load_reward_model("tiny")
+    with torch.no_grad():
+        policy.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+        reward.score.weight[0, 0] = float("nan")
+    for name, model in (("policy", policy), ("rm", reward)):
+        model.save_pretrained(root / name)
+        load_tokenizer("tiny").save_pretrained(root / name)
+    return root
+
+
+def _status(run_dir, stage: str) -> str:
+    import json
+
+    return json.loads((run_dir / "run.json").read_text())["stages"][stage]["status"]
+
+
+def test_a_loss_or_a_score_that_is_not_finite_stops_the_run_in_error(tmp_path, broken_models):
+    """It trained on NaN and ended in a TypeError with run.json "running": now the step says
+    which numbers are not finite, the stage is marked failed, and nothing diverged is kept."""
+    sft = _invoke("sft", "--preset", "cpu-tiny", "--model", str(broken_models / "policy"), "--max-steps", "4",
+                  "--run-dir", str(tmp_path / "sft"))  # fmt: skip
+    assert "sft: the loss of step 1 is nan (not finite)" in _error(sft) and _status(tmp_path / "sft", "sft") == "failed"
+    ppo = ["ppo", "--preset", "cpu-tiny", "--max-steps", "3", "--save-every", "1", "--eval-every", "0"]
+    scores = _invoke(*ppo, "--policy", "tiny", "--reward-model", str(broken_models / "rm"), "--run-dir", str(tmp_path / "rm"))
+    assert "step 1: 8 of 8 scores are not finite" in _error(scores) and _status(tmp_path / "rm", "ppo/fixed5") == "failed"
+    policy = _invoke(*ppo, "--policy", str(broken_models / "policy"), "--reward-model", "tiny", "--run-dir", str(tmp_path / "pi"))
+    line = _error(policy)
+    assert "step 1: the rollout has" in line and "log-probs" in line and "not finite" in line
+    assert not list((tmp_path / "pi" / "ppo" / "fixed5" / "checkpoints").glob("**/step-*"))

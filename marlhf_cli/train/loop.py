@@ -293,6 +293,7 @@ def fit(
     last_train: dict[str, float] = {}
     last_eval: dict[str, float] = {}
     durations: list[float] = []
+    saved = start  # the newest complete checkpoint's step (0: none)
     engine.train()
     for step in range(start, steps):
         began = time.perf_counter()
@@ -301,8 +302,10 @@ def fit(
         mine = micro_batches(indices, micro, eng.world_size(), eng.rank())
         batches = [task.collate([task.train[i] for i in slot]) for slot in mine]
         metrics = train_step(engine, task, batches)
-        durations.append(time.perf_counter() - began)
         done = step + 1
+        if not math.isfinite(metrics["loss"]):  # every process has the same reduced loss: all stop here
+            raise diverged(task.name, done, metrics["loss"], saved)
+        durations.append(time.perf_counter() - began)
         metrics.update(lr=lr, step_time=durations[-1])
         last_train = metrics
         monitor.log(done, metrics, "train")
@@ -314,6 +317,7 @@ def fit(
                 monitor.log(done, last_eval, "eval")
         if config.save_every and done % config.save_every == 0 and not final:
             checkpoints.save_checkpoint(engine, checkpoint_dir, done, state)
+            saved = done
     if task.eval:
         last_eval = evaluate(engine, task, micro)
         monitor.log(steps, last_eval, "eval")
@@ -328,6 +332,14 @@ def fit(
         checkpoint_dir=checkpoint_dir,
         state=state,
     )
+
+
+def diverged(stage: str, step: int, loss: float, saved: int) -> UserError:
+    """The error of a step whose loss is not finite: its update has already moved the weights
+    (nothing of the present state is saved); the newest checkpoint, if any, stands."""
+    kept = f"the checkpoint of step {saved} stands (--resume continues from it)" if saved else "no checkpoint was written"
+    return UserError(f"{stage}: the loss of step {step} is {loss} (not finite), so training stopped: a learning rate too "
+                     f"high, or weights that were not finite from the start; {kept}")  # fmt: skip
 
 
 def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: dict, steps: int, plan: ResumePlan) -> tuple[FitResult, Monitor]:

@@ -213,6 +213,8 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
         )  # fmt: skip
     except UserError as error:  # a user's reward function failed: before this step's update
         failure = error
+    else:
+        failure = stopping.not_finite(experience, None, step + 1)
     stopping.agree(failure)  # every process stops, or none
 
     # 4-5. credit assignment by the --advantage estimator (estimators.py): gae cuts responses
@@ -233,6 +235,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     generator = torch.Generator().manual_seed(derived_seed(config.seed, step, rank, "minibatches"))
     compiled.before_training(sampler)  # the static caches make room for the update unless measured to fit
     update_stats = ppo_update(models.actor, models.critic, experience, ctx.update, generator=generator, train_actor=not warming)
+    stopping.agree(stopping.not_finite(experience, update_stats, step + 1))
     compiled.after_training(sampler, models.device)
     training_seconds = time.perf_counter() - trained
 
