@@ -158,7 +158,7 @@ def rm(
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, flags.TRACKING, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.PPO, flags.DATA, flags.ENGINE, flags.LORA, flags.TRACKING, options.ALLOW_NEW_HEAD, options.RUN_DIR, options.COMMON)
 def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags.XAxis = None, **shared: Any) -> None:
     """PPO and MA-PPO (RLHF with macro actions); writes ppo/<name>/.
 
@@ -191,7 +191,7 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(flags.DPO, flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, flags.TRACKING, options.RUN_DIR,
+@options.with_flags(flags.DPO, flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, flags.TRACKING, options.ALLOW_NEW_HEAD, options.RUN_DIR,
                     options.COMMON)  # fmt: skip
 def dpo(**shared: Any) -> None:
     """Direct preference optimisation of the policy from sft/; writes dpo/.
@@ -215,7 +215,7 @@ def dpo(**shared: Any) -> None:
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(options.RUN_DIR, options.COMMON)
+@options.with_flags(options.ALLOW_NEW_HEAD, options.RUN_DIR, options.COMMON)
 def bon(
     policy: eval_flags.BonPolicy = None,
     reward_model: eval_flags.BonRewardModel = None,
@@ -263,7 +263,7 @@ def bon(
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(options.RUN_DIR, options.COMMON)
+@options.with_flags(options.ALLOW_NEW_HEAD, options.RUN_DIR, options.COMMON)
 def judge(
     file_a: Annotated[str, typer.Argument(help="Samples of the first policy (JSONL rows with prompt and response); verdicts are stated for it.", show_default=False)],
     file_b: Annotated[str, typer.Argument(help="Samples of the second policy, matched to the first by prompt.", show_default=False)],
@@ -393,7 +393,7 @@ def push(
         return
     from .train.common import say
 
-    hub_push.push(Path(folder), repo, say)
+    hub_push.push(Path(folder), repo, say, after_stage=False)
 
 
 def main() -> None:

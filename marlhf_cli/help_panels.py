@@ -24,7 +24,7 @@ SHARED = {
     **dict.fromkeys(("--dataset", "--dataset-config", "--dataset-split", "--data-file", "--strict", "--max-records", "--chat-template", "--split-shares",
                      "--max-prompt-length", "--max-response-length", "--packing"), "Data"),
     **dict.fromkeys(("--model", "--policy", "--reward-model", "--reward", "--reward-weights", "--trainable-layers", "--dtype", "--lora-rank",
-                     "--lora-alpha", "--lora-targets", "--lora-dropout"), "Model"),
+                     "--lora-alpha", "--lora-targets", "--lora-dropout", "--allow-new-head"), "Model"),
     **dict.fromkeys(("--termination", "--n", "--cutoff", "--value-function", "--ratio", "--parser-backend",
                      "--parse-workers"), "Macro actions"),
     **dict.fromkeys(("--advantage", "--samples-per-prompt", "--mc-rollouts", "--mc-max-boundaries", "--tree-branches", "--tree-depth", "--gamma", "--lam",

@@ -63,8 +63,9 @@ def card(folder: Path, repo: str) -> str:
         "", "| | |", "|---|---|", f"| stage | `{key}` |", f"| base | `{base}` |",
     ]  # fmt: skip
     if key.startswith("ppo"):
-        lines += [f"| credit assignment | {inputs.get('credit_assignment', '?')} |", f"| reward | {inputs.get('reward', '?')} |",
-                  f"| critic from | `{inputs.get('reward_model', '?')}` |"]  # fmt: skip
+        lines += [f"| credit assignment | {inputs.get('credit_assignment', '?')} |", f"| reward | {inputs.get('reward', '?')} |"]
+        if config.get("advantage", "gae") == "gae":  # rloo, grpo, mc and tree train no critic
+            lines.append(f"| critic from | `{inputs.get('reward_model', '?')}` |")
     source = inputs.get("source") or config.get("data_file") or config.get("dataset")
     lines += [f"| dataset | `{config.get('dataset')}` ({source}) |", f"| steps | {metrics.get('steps', '?')} |", ""]
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -91,15 +92,19 @@ def plan(folder: Path, repo: str) -> tuple[list[str], str]:
     return sorted(set(files) | {"README.md"}), text
 
 
-def push(folder: Path, repo: str, say) -> str:
-    """Upload the export with its card; the repository's URL. One line when the Hub is unreachable."""
+def push(folder: Path, repo: str, say, *, after_stage: bool = True) -> str:
+    """Upload the export with its card; the repository's URL. One line when the Hub is
+    unreachable, in the words of what asked: a stage's ``--push-to-hub`` (``after_stage``,
+    which points to ``marlhf push`` for later) or ``marlhf push`` itself."""
     from .data.hub import offline_mode, probe_endpoint
 
     files, text = plan(folder, repo)
     why = "offline mode (HF_HUB_OFFLINE)" if offline_mode() else probe_endpoint()
-    if why:
+    if why and after_stage:
         raise UserError(f"--push-to-hub {repo}: the Hub is unreachable ({why}); nothing was uploaded "
                         f"(marlhf push {folder} {repo} uploads it later)")  # fmt: skip
+    if why:
+        raise UserError(f"marlhf push: the Hub is unreachable ({why}); nothing was uploaded (the export stays in {folder})")
     import tempfile
 
     from huggingface_hub import HfApi
@@ -114,6 +119,7 @@ def push(folder: Path, repo: str, say) -> str:
                           commit_message=f"marlhf: {stage_of(folder)[1]}")  # fmt: skip
     except Exception as error:  # noqa: BLE001 - one line, whatever the Hub answered
         first = (str(error).strip().splitlines() or [""])[0][:200]
-        raise UserError(f"--push-to-hub {repo}: the upload failed ({type(error).__name__}: {first})") from None
+        asked = f"--push-to-hub {repo}" if after_stage else "marlhf push"
+        raise UserError(f"{asked}: the upload failed ({type(error).__name__}: {first})") from None
     say(f"pushed {folder} ({len(files)} files) to {url}")
     return str(url)

@@ -323,6 +323,39 @@ def load_score_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_
     return model, not any(key == "score" or key.startswith("score.") for key in new)
 
 
+def head_of(name: str) -> str:
+    """Which head the checkpoint ``name`` carries, read from its config alone (no weights):
+    ``score`` (a ``*ForSequenceClassification``: a reward model), ``lm`` (a causal LM, or any
+    other), or ``random`` (a random-init alias: ``tiny``, ``random:<shape>``, every head new)."""
+    from transformers import AutoConfig
+
+    if random_arch(name) is not None:
+        return "random"
+    _quiet_transformers()
+    config = from_hub_or_path(AutoConfig.from_pretrained, resolve_model_path(name), "model config")
+    return "score" if any(a.endswith("ForSequenceClassification") for a in config.architectures or ()) else "lm"
+
+
+def check_heads(*, policy: str | None = None, reward_model: str | None = None, allow: bool = False) -> list[str]:
+    """Refuse (one line each) a model in a role its head does not fit, unless ``allow``
+    (``--allow-new-head``): a causal LM as the reward model (its score head would be new, so the
+    reward random) and a reward model as the policy (its backbone was trained to score, not to
+    write). Returns the start-up notes: a random-init alias's head is random, on purpose."""
+    notes, refused = [], []
+    if reward_model is not None:
+        head = head_of(reward_model)
+        if head == "random":
+            notes.append(f"the reward model {reward_model} is random-init: its scores are random (a test of the plumbing)")
+        elif head == "lm":
+            refused.append(f"--reward-model '{reward_model}' is a causal LM, not a reward model: its score head would be new "
+                           "and the reward random (train one with marlhf rm)")  # fmt: skip
+    if policy is not None and head_of(policy) == "score":
+        refused.append(f"--policy '{policy}' is a reward model (a *ForSequenceClassification), not a policy")
+    if refused and not allow:
+        raise UserError("; ".join(refused) + "; --allow-new-head starts it all the same")
+    return notes + [f"{line} (--allow-new-head)" for line in refused]
+
+
 def positions(name: str) -> int | None:
     """How many positions the model ``name`` can read (its config's ``max_position_embeddings``,
     or the like), read from its config alone; None when the config does not say."""

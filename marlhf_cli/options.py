@@ -54,9 +54,14 @@ DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print the resolved configuration as YAML and exit.")
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")]
+AllowNewHeadOption = Annotated[
+    Optional[bool],
+    typer.Option("--allow-new-head", help="Start a model in a role its head does not fit, on purpose: a causal LM as the reward model (its score head new: a random reward) or a reward model as the policy. [default: refused]", show_default=False),
+]
 
 # flag groups several commands take whole (with_flags adds them to a command's signature)
 RUN_DIR = {"run_dir": RunDirOption}
+ALLOW_NEW_HEAD = {"allow_new_head": AllowNewHeadOption}  # ppo, dpo, bon, judge
 COMMON = {"seed": SeedOption, "config_file": ConfigOption, "preset": PresetOption, "dry_run": DryRunOption, "debug": DebugOption}
 
 

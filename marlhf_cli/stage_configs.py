@@ -180,6 +180,7 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     resume: bool = False
     # memory: keep the frozen reference and reward model in CPU memory between their forwards
     offload_frozen: bool = False
+    allow_new_head: bool = False  # a causal LM as the reward model, a reward model as the policy: refused unless set
 
 
 @dataclass
@@ -202,6 +203,7 @@ class DPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     eval_records: int | None = 500  # ours: held-out pairs per evaluation (None = all)
     save_every: int = 200
     resume: bool = False
+    allow_new_head: bool = False  # a reward model as the policy: refused unless set
 
 
 @dataclass
@@ -234,6 +236,7 @@ class BonConfig(CommonConfig, DataConfig):
     generation: str = "auto"  # as PPOConfig.generation
     normalize: bool = False  # report (score - mean) / std with the statistics rm/ stored
     max_records: int | None = 64  # ours: distinct evaluation prompts
+    allow_new_head: bool = False  # a causal LM as the reward model, a reward model as the policy: refused unless set
 
 
 @dataclass
@@ -261,6 +264,7 @@ class JudgeConfig(CommonConfig):
     max_response_length: int = 512
     batch_size: int = 8
     strict: bool = False  # a bad row stops the command instead of being skipped and counted
+    allow_new_head: bool = False  # --rm with a causal LM: refused unless set
 
 
 @dataclass

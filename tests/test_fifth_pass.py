@@ -115,3 +115,55 @@ def test_a_loss_or_a_score_that_is_not_finite_stops_the_run_in_error(tmp_path, b
     line = _error(policy)
     assert "step 1: the rollout has" in line and "log-probs" in line and "not finite" in line
     assert not list((tmp_path / "pi" / "ppo" / "fixed5" / "checkpoints").glob("**/step-*"))
+
+
+# ---------------------------------------------------------------------------------------
+# 8, and marlhf push's own words offline
+
+
+@pytest.mark.slow
+def test_a_critic_free_runs_card_names_no_critic_and_push_offline_speaks_for_itself(tmp_path, monkeypatch):
+    base = ("ppo", "--preset", "cpu-tiny", "--policy", "tiny", "--reward-model", "tiny", "--max-steps", "1", "--eval-every", "0",
+            "--run-dir", str(tmp_path))  # fmt: skip
+    assert _invoke(*base, "--advantage", "grpo").exit_code == 0
+    assert _invoke(*base).exit_code == 0
+    grpo = _invoke("push", str(tmp_path / "ppo" / "grpo"), "me/grpo", "--dry-run")
+    gae = _invoke("push", str(tmp_path / "ppo" / "fixed5"), "me/fixed5", "--dry-run")
+    assert grpo.exit_code == gae.exit_code == 0
+    assert "critic from" not in grpo.output and "| critic from | `tiny` |" in gae.output
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = _one_line(_invoke("push", str(tmp_path / "ppo" / "grpo"), "me/grpo"))
+    assert line.startswith("error: marlhf push: the Hub is unreachable") and "--push-to-hub" not in line
+
+
+# ---------------------------------------------------------------------------------------
+# 10. a reward model that is not one, a policy that is a reward model
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    """A causal-LM folder and a reward-model folder (tiny shapes)."""
+    pytest.importorskip("gguf")
+    from marlhf_cli.models import load_causal_lm, load_reward_model, load_tokenizer
+
+    root = tmp_path_factory.mktemp("heads")
+    for name, model in (("lm", load_causal_lm("tiny")), ("rm", load_reward_model("tiny"))):
+        model.save_pretrained(root / name)
+        load_tokenizer("tiny").save_pretrained(root / name)
+    return root
+
+
+def test_a_model_whose_head_does_not_fit_its_role_is_refused_unless_asked(tmp_path, heads):
+    """A causal LM as the reward model scored with a new, random head, and a reward model as
+    the policy loaded silently: both are one line now, before any weight loads."""
+    lm, rm = str(heads / "lm"), str(heads / "rm")
+    ppo = ("ppo", "--preset", "cpu-tiny", "--max-steps", "1", "--eval-every", "0", "--run-dir")
+    line = _one_line(_invoke(*ppo, str(tmp_path / "a"), "--policy", "tiny", "--reward-model", lm))
+    assert "is a causal LM, not a reward model" in line and "--allow-new-head" in line
+    assert "is a reward model" in _one_line(_invoke(*ppo, str(tmp_path / "b"), "--policy", rm, "--reward-model", "tiny"))
+    assert "is a reward model" in _one_line(_invoke("dpo", "--preset", "cpu-tiny", "--policy", rm, "--run-dir", str(tmp_path / "c")))
+    assert "is a causal LM" in _one_line(_invoke("bon", "--policy", "tiny", "--reward-model", lm, "--run-dir", str(tmp_path / "d")))
+    asked = _invoke(*ppo, str(tmp_path / "e"), "--policy", "tiny", "--reward-model", lm, "--allow-new-head")
+    assert asked.exit_code == 0 and "is a causal LM, not a reward model" in asked.output and "(--allow-new-head)" in asked.output
+    plumbing = _invoke(*ppo, str(tmp_path / "f"), "--policy", "tiny", "--reward-model", "tiny")
+    assert plumbing.exit_code == 0 and "the reward model tiny is random-init" in plumbing.output

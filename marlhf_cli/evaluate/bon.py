@@ -239,6 +239,10 @@ def run(config) -> dict[str, Any]:
     name = safe_name(config.name) if config.name else default
     function = is_function_spec(config.reward)
     reward_model = None if function else config.reward_model or str(run_dir.require("rm"))
+    from ..models import check_heads
+
+    for note in check_heads(policy=policy, reward_model=reward_model, allow=config.allow_new_head):
+        err.print(note, highlight=False, soft_wrap=True)
     scorer = f"reward function {config.reward}" if function else f"reward model {reward_model}"
     prompts, source, distinct = load_prompts(config, err)
     if function:  # the fields it needs exist, and a changed file is not served stale scores

@@ -209,6 +209,10 @@ def run(config, file_a: str, file_b: str) -> dict[str, Any]:
             from . import rm_judge
 
             reward_model = config.reward_model or str(run_dir.require("rm"))
+            from ..models import check_heads
+
+            for note in check_heads(reward_model=reward_model, allow=config.allow_new_head):
+                err.print(note, highlight=False, soft_wrap=True)
             task = progress.add_task("judge reward model", total=2 * len(chosen), live="")
             rows, rendered = rm_judge.judge(
                 chosen, reward_model, max_prompt=config.max_prompt_length, max_response=config.max_response_length,

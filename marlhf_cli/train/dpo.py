@@ -224,12 +224,15 @@ def check_sources(config: Any, policy: str, reference: str, tokenizer) -> None:
 
 def run(config: Any) -> dict[str, Any]:
     """Train the policy with DPO and write ``dpo/`` into the run directory; returns final metrics."""
-    from ..models import check_context, load_causal_lm, load_tokenizer
+    from ..models import check_context, check_heads, load_causal_lm, load_tokenizer
 
     run_dir = RunDir(config.run_dir)
     policy, reference = dpo_sources(config, run_dir)
     config.policy, config.reference = policy, reference  # what a --resume is compared with
+    head_notes = check_heads(policy=policy, allow=config.allow_new_head)
     common.start(config)
+    for note in head_notes:
+        common.say(note)
     check_context(policy, config.max_prompt_length, config.max_response_length,
                   prompt_flag="--max-prompt-length", response_flag="--max-response-length")  # fmt: skip
     train = common.load_split(config, "ppo", config.max_records).require(STAGE, ("preference",))

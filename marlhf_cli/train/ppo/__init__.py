@@ -59,7 +59,7 @@ from ...data.records import PROMPT_KINDS
 from ...errors import UserError
 from ...generation import compiled
 from ...macro.segmentation import warm_up
-from ...models import check_context
+from ...models import check_context, check_heads
 from ...seeding import derived_seed
 from ...wording import count
 from .. import common
@@ -73,7 +73,7 @@ from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
 from .models import build_models
 from ...scoring.rewards import RewardFn
-from ..sources import model_sources
+from ..sources import model_sources, uses_reward_model
 from .settings import STAGE, RunPlan, fingerprint, make_rewards, plan_run, run_name  # RunPlan, run_name: for callers
 from .update import ppo_update
 
@@ -94,6 +94,9 @@ def run(config, *, reward_fn: RewardFn | None = None, given_flags: Sequence[str]
     # resolved before anything is fingerprinted (as --dtype auto is), so a resume compares it
     config.generation, generation_why = compiled.resolve(config.generation)
     name = plan.name
+    # a causal LM as the reward (a random score head), a reward model as the policy: refused unless asked
+    scores_with_model = reward_fn is None and uses_reward_model(config)
+    head_notes = check_heads(policy=policy, reward_model=reward_model if scores_with_model else None, allow=config.allow_new_head)
     for model in dict.fromkeys((policy, reward_model)):  # before any weight loads
         check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
                       response_flag="--max-new-tokens")  # fmt: skip
@@ -116,6 +119,8 @@ def run(config, *, reward_fn: RewardFn | None = None, given_flags: Sequence[str]
     stage_key = f"{STAGE}/{name}"  # the run's entry in run.json
     start = _resume_or_start_fresh(ctx, run_dir, name, root, expected, extension)
     inputs = _announce(ctx, run_dir, name, stage_key, policy, reward_model, prompts, len(held_out), start)
+    for note in head_notes:
+        common.say(note)
     _start_parse_pool(ctx)
 
     # Algorithm 1's outer loop: one PPO step per iteration, held-out evaluation and resume
