@@ -40,6 +40,8 @@ PRODUCERS = {
 
 # run.json entries this process marked "running" and has not finished: what Ctrl-C leaves
 _RUNNING: dict[tuple[Path, str], "RunDir"] = {}
+# (run directory, stage) whose outputs this process holds the lock on (RunDir.writing)
+_HELD: set[tuple[Path, str]] = set()
 
 
 # ---------------------------------------------------------------------------------------
@@ -198,6 +200,47 @@ class RunDir:
     # layout -----------------------------------------------------------------------------
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
+
+    @contextlib.contextmanager
+    def writing(self, key: str) -> Iterator[None]:
+        """Hold, for the block, the lock on stage ``key``'s outputs (``sft``, ``ppo/<name>``, ...):
+        a second process writing the same stage of the same run directory is refused in one
+        line naming the holder (its process id, since when, its command). An advisory
+        ``flock`` on ``.locks/<key>.lock``: the kernel drops it when the holder exits, killed or
+        not, so a killed run never blocks the next one. Only rank 0 of a process group takes
+        it; a process that holds it already (a stage calling another) goes on."""
+        import fcntl
+        import shlex
+        import sys
+
+        held = (self.root.resolve(), key)
+        # (--nproc's children: the process that relaunched them holds it: launch.LOCK_HELD)
+        if int(os.environ.get("RANK", "0") or 0) != 0 or held in _HELD or os.environ.get("MARLHF_LOCK_HELD"):
+            yield
+            return
+        path = self.path(".locks", safe_name(key.replace("/", "-")) + ".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            elsewhere = "--run-dir, or --name" if key.startswith("ppo/") else "--run-dir"
+            raise UserError(f"{key} in {self.root} is being written by {holder}: wait for it to end, or write elsewhere ({elsewhere})") from None
+        handle.seek(0)
+        handle.truncate()
+        since = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        handle.write(f"process {os.getpid()} (since {since}: {shlex.join(sys.argv[:8])})\n")
+        handle.flush()
+        _HELD.add(held)
+        try:
+            yield
+        finally:
+            _HELD.discard(held)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            handle.close()
 
     def stage_dir(self, stage: str, name: str | None = None) -> Path:
         if stage == "ppo":

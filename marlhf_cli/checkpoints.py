@@ -8,10 +8,14 @@ JSON dict written by rank 0). Layout::
     <stage>/checkpoints/step-000012/   DeepSpeed files, rng-rank0.pt ..., trainer_state.json
     <stage>/checkpoints/latest         the newest complete checkpoint's name
 
-All ranks write into ``.tmp-step-000012/`` first; rank 0 renames it into place and then
-updates ``latest``, so a run killed at any moment leaves the previous checkpoint intact and
-never a half-written one that ``--resume`` would pick up. ``trainer_state.json`` is written
-last inside the folder, so its presence marks a complete checkpoint even without ``latest``.
+All ranks write into ``.tmp-step-000012/`` first; rank 0 records every file's size and
+checksum (``manifest.json``, :mod:`marlhf_cli.checksums`), renames the folder into place and
+then updates ``latest``, so a run killed at any moment leaves the previous checkpoint intact
+and never a half-written one that ``--resume`` would pick up; a write that fails (a full
+disk) removes its partial folder. ``trainer_state.json`` is written last inside the folder,
+so its presence marks a complete checkpoint even without ``latest``. ``--resume`` takes the
+newest checkpoint whose files still match their manifest (:func:`resumable`), saying which
+newer ones it skipped and why.
 
 :func:`export_pretrained` writes a ``save_pretrained`` folder (gathering ZeRO-3 shards on
 rank 0) that ``AutoModelFor...from_pretrained`` loads with no DeepSpeed at all.
@@ -27,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import artifacts, engine as eng, lora, provenance
-from .errors import UserError
+from . import artifacts, checksums, engine as eng, lora, provenance
+from .errors import DiskFull, UserError, full_disk
 
 PREFIX = "step-"
 STATE_FILE = "trainer_state.json"
@@ -92,9 +96,29 @@ def save_checkpoint(engine, root: str | Path, step: int, state: dict[str, Any], 
     root = Path(root)
     try:
         return _save_checkpoint(engine, root, step, state, keep)
-    except BaseException:  # Ctrl-C, SIGTERM, a full disk: the interruption's message says so
+    except BaseException as error:  # Ctrl-C, SIGTERM, a failed write: the interruption's message says so
         _CUT[:] = [(root, step)]
-        raise
+        full = full_disk(error, root) if isinstance(error, Exception) else None  # (measured before the clean-up)
+        if full is None:
+            _remove_partial(root, step)
+            raise
+    # a full disk, raised outside the handler: the failed write's frames, and the file they
+    # hold open (whose space the filesystem keeps until it is closed), are let go first
+    _remove_partial(root, step)
+    kept = list_checkpoints(root)
+    before = f"the checkpoint of {kept[-1].name} stands" if kept else "no earlier checkpoint was written"
+    raise DiskFull(f"the disk is full: the checkpoint of step {step} could not be written in {root} ({full}); its "
+                   f"partial files were removed and {before}: free some space, then rerun with --resume")  # fmt: skip
+
+
+def _remove_partial(root: Path, step: int) -> None:
+    """A checkpoint cut short leaves nothing: its staging folder goes (the previous checkpoint
+    was never touched)."""
+    import gc
+
+    gc.collect()  # the failed writer's file objects, held by reference cycles with its frames
+    if eng.is_main():
+        shutil.rmtree(root / f".tmp-{tag_for(step)}", ignore_errors=True)
 
 
 def _save_checkpoint(engine, root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -115,6 +139,7 @@ def _save_checkpoint(engine, root: Path, step: int, state: dict[str, Any], keep:
     eng.barrier()
     final = root / tag
     if eng.is_main():
+        checksums.write_manifest(staging / tag, leave_out=(STATE_FILE,))  # every rank's files are written by now
         # what the numbers depend on besides the options: a resume says where it changed
         artifacts.write_json(staging / tag / STATE_FILE, {**state, "step": step, "provenance": provenance.provenance()})
         if final.exists():
@@ -153,8 +178,30 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resumable(root: str | Path) -> tuple[Path | None, list[str]]:
+    """(the newest checkpoint under ``root`` whose files match its manifest, or None; a line for
+    each newer one skipped, naming the file that does not)."""
+    skipped = []
+    for folder in reversed(list_checkpoints(root)):
+        why = checksums.problem(folder, STATE_FILE)
+        if why is None:
+            return folder, skipped
+        skipped.append(f"{folder.name} ({why})")
+    return None, skipped
+
+
+def skipped_line(skipped: list[str], found: Path | None) -> str:
+    """The start-up line of a --resume that passed over broken checkpoints."""
+    to = f"resuming from {found.name}" if found is not None else "none is left to resume from"
+    return f"--resume: skipped {', '.join(skipped)}: {to}"
+
+
 def read_state(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / STATE_FILE).read_text(encoding="utf-8"))
+    path = Path(folder) / STATE_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{path}: empty or not JSON (a damaged checkpoint): remove its folder to resume from an earlier one") from None
 
 
 # Options a resumed run may change: they decide where, how often and on what a run writes or
@@ -371,9 +418,21 @@ def export_pretrained(
                 tokenizer.save_pretrained(staging)
             artifacts.honour_umask(staging)  # safetensors writes model.safetensors 0600
             _move_into(staging, out_dir)
+    except Exception as error:
+        full = full_disk(error, out_dir)
+        if full is None:
+            raise
+    else:
+        full = None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+    if full is not None:  # raised outside the handler, as for a checkpoint (save_checkpoint)
+        import gc
+
+        gc.collect()
+        raise DiskFull(f"the disk is full: the trained model could not be exported to {out_dir} ({full}); its partial "
+                       "files were removed and the run's checkpoints stand: free some space, then rerun with --resume")  # fmt: skip
     eng.barrier()
     return out_dir
 

@@ -22,6 +22,36 @@ class UserCodeError(UserError):
         self.details = details
 
 
+class DiskFull(UserError):
+    """A write that failed because the filesystem it went to is full (or nearly: a checkpoint's
+    writer reports it as a failed write, not as ENOSPC)."""
+
+
+def full_disk(error: BaseException, path) -> str | None:
+    """``path``'s filesystem and what is free on it when ``error`` looks like a full disk (an
+    ENOSPC or EDQUOT anywhere in its chain, or any failed write where under 100 MiB or 1% is
+    left); None otherwise."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    chain, seen = error, 0
+    while chain is not None and seen < 8:
+        if isinstance(chain, OSError) and chain.errno in (errno.ENOSPC, errno.EDQUOT):
+            break
+        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return None
+    if chain is None and usage.free >= max(100 * 2**20, usage.total // 100):
+        return None
+    return f"{usage.free / 2**20:,.1f} MiB free of {usage.total / 2**20:,.0f} MiB on the filesystem of {folder}"
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a batch scheduler's time limit or preemption, ``kill``, torchrun stopping its
     workers), raised where the process stands so it ends as Ctrl-C does: run.json says

@@ -20,6 +20,7 @@ from .errors import Terminated
 
 LAUNCHER_VARS = ("LOCAL_RANK", "WORLD_SIZE", "RANK")
 SELF_LAUNCHED = "MARLHF_SINGLE_PROCESS"  # marks launcher variables that we set ourselves
+LOCK_HELD = "MARLHF_LOCK_HELD"  # set for --nproc's children: the relaunching process holds the output lock
 
 
 def launched() -> bool:
@@ -101,6 +102,7 @@ def maybe_relaunch(nproc: int, argv: Sequence[str] | None = None) -> int | None:
     env = launcher_free_env()
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env[RELAUNCH_ARGV] = json.dumps(strip_nproc(argv))
+    env[LOCK_HELD] = "1"  # this process holds the stage's output lock for its children (RunDir.writing)
     with subprocess.Popen(relaunch_command(nproc), env=env) as launcher:
         try:
             return launcher.wait()

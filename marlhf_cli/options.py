@@ -195,6 +195,19 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         previous = _on_sigterm()
         try:
             return command(*args, **kwargs)
+        except OSError as err:  # a full disk where marlhf writes its small files (metrics, run.json, logs)
+            import errno
+
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            from .artifacts import mark_unfinished
+
+            try:
+                mark_unfinished("failed")
+            except OSError:  # run.json itself cannot be written: the line below says why
+                pass
+            fail(f"the disk is full: {err.filename or 'a file'} could not be written ({err.strerror}); free some space, then "
+                 "rerun with --resume", debug)  # fmt: skip
         except UserError as err:
             from .artifacts import mark_unfinished
 

@@ -167,3 +167,170 @@ def test_a_model_whose_head_does_not_fit_its_role_is_refused_unless_asked(tmp_pa
     assert asked.exit_code == 0 and "is a causal LM, not a reward model" in asked.output and "(--allow-new-head)" in asked.output
     plumbing = _invoke(*ppo, str(tmp_path / "f"), "--policy", "tiny", "--reward-model", "tiny")
     assert plumbing.exit_code == 0 and "the reward model tiny is random-init" in plumbing.output
+
+
+# ---------------------------------------------------------------------------------------
+# 4. a damaged checkpoint
+
+
+def _sft(run_dir, *extra: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "marlhf_cli.cli", "sft", "--preset", "cpu-tiny", "--max-steps", "8", "--save-every", "2",
+            "--eval-every", "0", "--lr-scheduler", "constant", "--seed", "4", "--dtype", "fp32", "--report-to", "none",
+            "--run-dir", str(run_dir), *extra]  # fmt: skip
+
+
+def _train_rows(run_dir) -> list[dict]:
+    from marlhf_cli.artifacts import read_jsonl
+
+    return [{k: v for k, v in r.items() if k not in ("step_time", "time")} for r in read_jsonl(run_dir / "metrics" / "sft.jsonl")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncate", "empty-state"])
+def test_resume_skips_a_damaged_checkpoint_for_the_whole_one_before_it(tmp_path, damage):
+    """Truncate the newest checkpoint's model file, or empty its trainer state, after a
+    SIGKILL: --resume names what is damaged, resumes from the checkpoint before it, and ends
+    where the uninterrupted run ends (it was a PytorchStreamReader or JSONDecodeError
+    traceback, the intact earlier checkpoint unused)."""
+    import subprocess
+
+    from test_ppo_resume import environment, kill_once_saved, run_here
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_here(_sft(straight))
+    proc = subprocess.Popen(_sft(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    newest = killed / "sft" / "checkpoints" / "step-000004"
+    kill_once_saved(proc, newest / "trainer_state.json")
+    assert (killed / "sft" / "checkpoints" / "step-000002" / "trainer_state.json").is_file()  # the one before stays
+    if damage == "truncate":
+        model = next(newest.rglob("*model_states.pt"))
+        model.write_bytes(model.read_bytes()[:1000])
+        why = f"{model.relative_to(newest).as_posix()} is 1,000 bytes"
+    else:
+        (newest / "trainer_state.json").write_text("")
+        why = "trainer_state.json is empty or not JSON"
+    resumed = subprocess.run(_sft(killed, "--resume"), env=environment(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"--resume: skipped step-000004 ({why}" in resumed.stderr and "resuming from step-000002" in resumed.stderr
+    assert _train_rows(killed) == _train_rows(straight)
+
+
+def test_every_checkpoint_damaged_is_one_line(tmp_path):
+    from marlhf_cli import checkpoints
+    from marlhf_cli.checksums import write_manifest
+
+    root = tmp_path / "run" / "sft" / "checkpoints"
+    for step in (2, 4):
+        folder = root / checkpoints.tag_for(step)
+        folder.mkdir(parents=True)
+        (folder / "weights.pt").write_bytes(b"x" * 100)
+        write_manifest(folder, leave_out=(checkpoints.STATE_FILE,))
+        (folder / checkpoints.STATE_FILE).write_text('{"step": %d}' % step)
+        (folder / "weights.pt").write_bytes(b"y" * 100)  # the same size, other bytes
+    found, skipped = checkpoints.resumable(root)
+    assert found is None and [s.split(" ")[0] for s in skipped] == ["step-000004", "step-000002"]
+    assert "weights.pt has changed since it was written" in skipped[0]
+
+
+def test_ppo_resumes_the_newest_step_whose_actor_and_critic_are_both_whole(tmp_path):
+    from marlhf_cli import checkpoints
+    from marlhf_cli.checksums import write_manifest
+    from marlhf_cli.train.ppo.checkpointing import resumable_common
+
+    for role in ("actor", "critic"):
+        for step in (2, 4):
+            folder = tmp_path / role / checkpoints.tag_for(step)
+            folder.mkdir(parents=True)
+            (folder / "mp_rank_00_model_states.pt").write_bytes(b"w" * 64)
+            write_manifest(folder, leave_out=(checkpoints.STATE_FILE,))
+            (folder / checkpoints.STATE_FILE).write_text('{"step": %d}' % step)
+    (tmp_path / "critic" / "step-000004" / "mp_rank_00_model_states.pt").write_bytes(b"w" * 10)
+    (found_actor, found_critic), skipped = resumable_common(tmp_path, critic=True)
+    assert found_actor.name == found_critic.name == "step-000002"
+    assert skipped == ["critic/step-000004: mp_rank_00_model_states.pt is 10 bytes, 64 when written"]
+    (found_actor, _), skipped = resumable_common(tmp_path, critic=False)  # the actor alone is whole at step 4
+    assert found_actor.name == "step-000004" and not skipped
+
+
+# ---------------------------------------------------------------------------------------
+# 3. a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 MiB filesystem (tmpfs): room for one of the tiny model's checkpoints (39 MB), not two."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root, or CAP_SYS_ADMIN)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_that_keeps_the_last_checkpoint(small_disk):
+    """It was two tracebacks, run.json "running" and a 21 MB .tmp-step-* left behind."""
+    from marlhf_cli import checkpoints
+    from marlhf_cli.checksums import problem
+
+    run = small_disk / "run"
+    done = _invoke("sft", "--preset", "cpu-tiny", "--max-steps", "6", "--save-every", "2", "--eval-every", "0", "--dtype", "fp32",
+                   "--report-to", "none", "--run-dir", str(run))  # fmt: skip
+    line = _error(done)
+    assert line.startswith("error: the disk is full: the checkpoint of step 4 could not be written") and "step-000002 stands" in line
+    folder = run / "sft" / "checkpoints"
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".tmp")] == []
+    assert [p.name for p in checkpoints.list_checkpoints(folder)] == ["step-000002"]
+    assert problem(folder / "step-000002", checkpoints.STATE_FILE) is None  # whole: --resume can take it
+    assert _status(run, "sft") == "failed"
+
+
+# ---------------------------------------------------------------------------------------
+# 2. two processes on one run directory and stage
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["ppo", "sft"])
+def test_a_second_writer_of_a_stage_is_refused_and_a_killed_holder_blocks_nothing(tmp_path, stage):
+    """Two `marlhf ppo` runs of the same name on one run directory both exited 0 with every
+    metrics row twice: the second now stops in one line naming the first's process, and once
+    the first is SIGKILLed the next run starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_ppo_resume import environment
+
+    run = tmp_path / "run"
+    args = {"ppo": ["ppo", "--preset", "cpu-tiny", "--policy", "tiny", "--reward-model", "tiny", "--max-steps", "400",
+                    "--eval-every", "0", "--save-every", "0"],
+            "sft": ["sft", "--preset", "cpu-tiny", "--max-steps", "4000", "--eval-every", "0", "--save-every", "0"]}[stage]  # fmt: skip
+    command = [sys.executable, "-m", "marlhf_cli.cli", *args, "--report-to", "none", "--run-dir", str(run)]
+    first = subprocess.Popen(command + ["--seed", "1"], env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    try:
+        metrics = run / "metrics" / (f"{stage}-fixed5.jsonl" if stage == "ppo" else "sft.jsonl")
+        deadline = time.time() + 240
+        while not metrics.is_file() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert first.poll() is None, "the first run ended before the second started"
+        second = subprocess.run(command + ["--seed", "2"], env=environment(), capture_output=True, text=True, timeout=120)
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert second.returncode == 2 and len(errors) == 1 and "Traceback" not in second.stderr, second.stderr[-2000:]
+        key = "ppo/fixed5" if stage == "ppo" else "sft"
+        assert f"{key} in {run} is being written by process {first.pid}" in errors[0]
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    shorter = [("1" if previous == "--max-steps" else arg) for previous, arg in zip(["", *args], args)]
+    third = _invoke(*shorter, "--report-to", "none", "--run-dir", str(run))
+    assert third.exit_code == 0, third.output[-2000:]

@@ -224,6 +224,11 @@ def check_sources(config: Any, policy: str, reference: str, tokenizer) -> None:
 
 def run(config: Any) -> dict[str, Any]:
     """Train the policy with DPO and write ``dpo/`` into the run directory; returns final metrics."""
+    with RunDir(config.run_dir).writing(STAGE):  # one writer of the stage's outputs at a time
+        return _run(config)
+
+
+def _run(config: Any) -> dict[str, Any]:
     from ..models import check_context, check_heads, load_causal_lm, load_tokenizer
 
     run_dir = RunDir(config.run_dir)

@@ -34,6 +34,9 @@ from ..wording import count
 from .monitor import Monitor
 
 
+KEEP_CHECKPOINTS = 2  # the newest two: where one is damaged, --resume falls back to the other
+
+
 @dataclass
 class Task:
     """What one stage plugs into :func:`fit`.
@@ -249,12 +252,16 @@ def plan_resume(config: Any, run_dir, stage: str, task: Task, steps: int) -> Res
     if not getattr(config, "resume", False):
         return ResumePlan()
     checkpoint_dir = run_dir.stage_dir(stage) / "checkpoints"
-    found = eng.broadcast_object(checkpoints.latest_checkpoint(checkpoint_dir))
+    found, skipped = eng.broadcast_object(checkpoints.resumable(checkpoint_dir) if eng.is_main() else None)
     if found is None:
+        if skipped:
+            raise UserError(checkpoints.skipped_line(skipped, None) + f" (in {checkpoint_dir}); run without --resume to start again")
         raise checkpoints.nothing_to_resume(checkpoint_dir)
     extension = extending.find(found, steps, [run_dir.stage_dir(stage)])
     expected = run_fingerprint(task, config, config.batch_size, steps)
-    notes = checkpoints.check_fingerprint(found, expected, config, lengthen=extension is not None)
+    notes = ([checkpoints.skipped_line(skipped, found)] if skipped else []) + checkpoints.check_fingerprint(
+        found, expected, config, lengthen=extension is not None
+    )  # fmt: skip
     if extension is not None:
         return ResumePlan(extension=extension, notes=tuple(notes))
     checkpoints.check_unfinished(found)
@@ -316,7 +323,7 @@ def fit(
             if last_eval:
                 monitor.log(done, last_eval, "eval")
         if config.save_every and done % config.save_every == 0 and not final:
-            checkpoints.save_checkpoint(engine, checkpoint_dir, done, state)
+            checkpoints.save_checkpoint(engine, checkpoint_dir, done, state, keep=KEEP_CHECKPOINTS)
             saved = done
     if task.eval:
         last_eval = evaluate(engine, task, micro)

@@ -135,6 +135,11 @@ def build_task(config: Any, tokenizer, train_records, eval_records, chat: ChatFo
 
 def run(config: Any) -> dict[str, Any]:
     """Train the reward model and write ``rm/`` into the run directory; returns final metrics."""
+    with RunDir(config.run_dir).writing(STAGE):  # one writer of the stage's outputs at a time
+        return _run(config)
+
+
+def _run(config: Any) -> dict[str, Any]:
     from ..models import check_context, load_tokenizer
 
     run_dir = RunDir(config.run_dir)

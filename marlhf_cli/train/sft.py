@@ -175,6 +175,11 @@ def _response_key(record: dict) -> str:
 
 def run(config: Any) -> dict[str, Any]:
     """Fine-tune ``config.model`` and write ``sft/`` into the run directory; returns final metrics."""
+    with RunDir(config.run_dir).writing(STAGE):  # one writer of the stage's outputs at a time
+        return _run(config)
+
+
+def _run(config: Any) -> dict[str, Any]:
     from ..models import check_context, load_causal_lm, load_tokenizer
 
     common.start(config)

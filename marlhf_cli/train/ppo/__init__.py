@@ -86,9 +86,15 @@ def run(config, *, reward_fn: RewardFn | None = None, given_flags: Sequence[str]
     policy with the APPS reward). ``given_flags``: the estimator-specific flags typed on the
     command line (one the estimator does not read is an error: settings.plan_run).
     """
+    plan = plan_run(config, given_flags)  # what the run is: estimator, rule, K, name; all below read it
+    with RunDir(config.run_dir).writing(f"{STAGE}/{plan.name}"):  # one writer of ppo/<name> at a time
+        return _train(config, plan, reward_fn)
+
+
+def _train(config, plan: RunPlan, reward_fn: RewardFn | None) -> dict[str, Any]:
+    """:func:`run` once its plan is made and it holds the run's outputs."""
     # inputs: the policy (actor and reference), the critic's and the reward's source, prompts
     common.start(config)
-    plan = plan_run(config, given_flags)  # what the run is: estimator, rule, K, name; all below read it
     run_dir = RunDir(config.run_dir)
     policy, reward_model = model_sources(config, run_dir)  # after the option checks: those are fixed first
     # resolved before anything is fingerprinted (as --dtype auto is), so a resume compares it

@@ -10,6 +10,7 @@ from typing import Any
 
 from ... import checkpoints, engine as eng
 from ...artifacts import RunDir
+from ...errors import UserError
 from .. import common, extending
 from .settings import STAGE, optimizer_steps
 
@@ -40,14 +41,37 @@ def latest_common(root: Path, critic: bool = True) -> tuple[Path, Path | None] |
     return (actors[common_tags[-1]], critics[common_tags[-1]]) if common_tags else None
 
 
+def resumable_common(root: Path, critic: bool = True) -> tuple[tuple[Path, Path | None] | None, list[str]]:
+    """(the newest step whose actor and (with ``critic``) critic checkpoints both match their
+    manifests, or None; a line for each newer step skipped, naming what is damaged)."""
+    from ...checksums import problem
+
+    actors = {p.name: p for p in checkpoints.list_checkpoints(root / "actor")}
+    critics = {p.name: p for p in checkpoints.list_checkpoints(root / "critic")} if critic else {}
+    tags = sorted(set(actors) & set(critics)) if critic else sorted(actors)
+    skipped = []
+    for tag in reversed(tags):
+        pair = (actors[tag], critics[tag] if critic else None)
+        why = next((f"{folder.parent.name}/{tag}: {reason}" for folder in pair if folder is not None
+                    and (reason := problem(folder, checkpoints.STATE_FILE))), None)  # fmt: skip
+        if why is None:
+            return pair, skipped
+        skipped.append(why)
+    return None, skipped
+
+
 def check_resumable(root: Path, expected: dict, config: Any, *, critic: bool) -> extending.Extension | None:
     """``--resume`` needs a complete checkpoint under ``root``, written with these options, of
     a run that has not finished, or of a finished one that a larger ``--max-steps`` extends
     (returned): a one-line error otherwise, before any model is loaded (a mistyped
     ``--run-dir`` or ``--name`` must not become a run from scratch)."""
-    found = latest_common(root, critic=critic)
+    found, skipped = resumable_common(root, critic=critic)
     if found is None:
+        if skipped:
+            raise UserError(checkpoints.skipped_line(skipped, None) + f" (in {root}); run without --resume to start again")
         raise checkpoints.nothing_to_resume(root)
+    if skipped:
+        common.say(checkpoints.skipped_line(skipped, found[0]))
     exports = [root.parent, root.parent / "critic"] if critic else [root.parent]  # ppo/<name>/ and its critic/
     extension = extending.find(found[0], config.max_steps, exports)
     checkpoints.check_fingerprint(found[0], expected, config, lengthen=extension is not None)  # notes: said at the start
@@ -81,7 +105,7 @@ def mark_finished(ctx: Any, root: Path, state: dict) -> None:
 def resume(ctx: Any, root: Path, expected: dict) -> int:
     """Restore actor, critic (model, optimizer, scheduler, RNG); return the step to continue at."""
     with_critic = ctx.models.critic is not None
-    found = eng.broadcast_object(latest_common(root, critic=with_critic))
+    found = eng.broadcast_object(resumable_common(root, critic=with_critic)[0] if eng.is_main() else None)
     if found is None:
         raise checkpoints.nothing_to_resume(root)
     actor_dir, critic_dir = found
