@@ -323,6 +323,17 @@ def load_score_model(name: str, *, dtype: str | None = "fp32", seed: int = TINY_
     return model, not any(key == "score" or key.startswith("score.") for key in new)
 
 
+def model_config(name: str):
+    """The Hugging Face config of ``name``, read without its weights (a random-init alias's from
+    its shape)."""
+    from transformers import AutoConfig
+
+    if random_arch(name) is not None:
+        return tiny_config(_cached_tokenizer(name), **random_arch(name))
+    _quiet_transformers()
+    return from_hub_or_path(AutoConfig.from_pretrained, resolve_model_path(name), "model config")
+
+
 def head_of(name: str) -> str:
     """Which head the checkpoint ``name`` carries, read from its config alone (no weights):
     ``score`` (a ``*ForSequenceClassification``: a reward model), ``lm`` (a causal LM, or any

@@ -334,3 +334,17 @@ def test_a_second_writer_of_a_stage_is_refused_and_a_killed_holder_blocks_nothin
     shorter = [("1" if previous == "--max-steps" else arg) for previous, arg in zip(["", *args], args)]
     third = _invoke(*shorter, "--report-to", "none", "--run-dir", str(run))
     assert third.exit_code == 0, third.output[-2000:]
+
+
+# ---------------------------------------------------------------------------------------
+# 6. a step whose responses cannot fit
+
+
+def test_a_step_too_large_for_the_machine_is_one_line_before_any_weight_loads(tmp_path):
+    """--tree-branches 1000 announced millions of responses a step and ran out of memory after
+    224 s; now the responses' KV cache is weighed against the free memory first."""
+    result = _invoke("ppo", "--preset", "cpu-tiny", "--policy", "tiny", "--reward-model", "tiny", "--advantage", "tree",
+                     "--tree-branches", "1000", "--max-steps", "1", "--run-dir", str(tmp_path))  # fmt: skip
+    line = _error(result)
+    assert "a step samples 8,000,000 responses" in line and "GiB is free" in line and "--tree-branches" in line
+    assert not (tmp_path / "ppo").exists() and "policy tiny, reward" not in result.output  # no model was built

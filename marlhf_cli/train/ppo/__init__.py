@@ -71,7 +71,7 @@ from .estimators import CreditInputs, mc_cost
 from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
 from .metrics import final_metrics, live_metrics, reduce_metrics
-from .models import build_models
+from .models import build_models, check_rollout_memory
 from ...scoring.rewards import RewardFn
 from ..sources import model_sources, uses_reward_model
 from .settings import STAGE, RunPlan, fingerprint, make_rewards, plan_run, run_name  # RunPlan, run_name: for callers
@@ -106,6 +106,7 @@ def _train(config, plan: RunPlan, reward_fn: RewardFn | None) -> dict[str, Any]:
     for model in dict.fromkeys((policy, reward_model)):  # before any weight loads
         check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
                       response_flag="--max-new-tokens")  # fmt: skip
+    check_rollout_memory(config, plan, policy)  # before any weight loads
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     root = checkpoint_root(run_dir, name)
     expected = {**fingerprint(config, plan, len(prompts.records)), **lora.base_identity(config, policy=policy, reward_model=reward_model)}

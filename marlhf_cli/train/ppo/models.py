@@ -141,6 +141,31 @@ def build_models(
                   value_head=head, value_head_scale=scale, value_head_offset=offset)  # fmt: skip
 
 
+def check_rollout_memory(config, plan: RunPlan, policy: str) -> None:
+    """A step whose responses cannot fit is one line before any weight loads (``--tree-branches
+    1000`` announced 4,000,000 responses a step and ran out of memory after 224 s): a process
+    samples its share of the step's responses at once, and their KV cache and the sampler's
+    per-row buffers alone (generation.compiled.bucket_bytes, a lower bound) must fit in the
+    memory the device has free."""
+    import torch
+
+    from ...generation.compiled import bucket_bytes, free_bytes
+    from ...models import model_config
+
+    architecture = model_config(policy)
+    rows = max(plan.responses_per_step // eng.world_size(), 1)
+    length = config.max_prompt_length + config.max_new_tokens
+    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    need, free = bucket_bytes(architecture, rows, length, dtype, architecture.vocab_size), free_bytes(device)
+    if need > free:
+        raise UserError(
+            f"a step samples {rows:,} responses of up to {length} tokens on each process: their KV cache and sampling buffers "
+            f"alone need about {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB is free on the {device.type}: lower "
+            "--rollout-batch-size, --samples-per-prompt, --tree-branches or --tree-depth (or the lengths)"
+        )
+
+
 def _reward_units(config, critic_model) -> tuple[float, float]:
     """(scale, offset) taking the reward model's raw score to its part of the reward PPO
     optimises, weight * (s - mean) / std (RewardModelReward normalises by the held-out mean and
