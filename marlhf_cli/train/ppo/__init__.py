@@ -370,7 +370,7 @@ def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list
         plotted.append(("explained_variance_within", f"critic's explained variance within steps, last {critic_fit.FIT_WINDOW} pooled"))
     for metric, label in plotted:
         monitor.plot(metric, title=f"ppo {name}: {label}", xlabel="PPO step")
-    report.print_final_table(name, history, metrics)
-    for line in report.critic_lines(history):
+    for line in report.critic_lines(history):  # before the table: a run ends on its result
         common.say(line)
+    report.print_final_table(name, history, metrics)
     return metrics
