@@ -207,7 +207,7 @@ POSITIVE = at_least(1)
 ACCEPTS: dict[str, Accepts] = {
     "seed": between(0, 2**32 - 1),  # what every generator takes (numpy's the narrowest)
     "max_records": POSITIVE,
-    "split_shares": Accepts(parses(".data.splits:parse_split_shares"), "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0)"),
+    "split_shares": Accepts(parses(".data.splits:parse_split_shares"), "three shares SFT/RM/PPO such as 20/40/40 or 50/0/50 (none negative, not all 0), or four with the held-out share last (0/0/2/1)"),
     "eval_records": at_least(0),
     "lr": at_least(0),  # 0 freezes the weights (the step-cost benchmarks sample identically)
     "batch_size": POSITIVE,
@@ -276,6 +276,7 @@ ACCEPTS: dict[str, Accepts] = {
     "parser_backend": one_of(*PARSER_BACKENDS),
     "parse_workers": at_least(0),
     "eval_prompts": at_least(0),
+    "show_samples": at_least(0),
     "rule": Accepts(parses(rule_list), f"{', '.join(RULES)}, several of them comma-separated, or all"),
     "backend": one_of(*PARSER_BACKENDS),
     "format": one_of("text", "json"),

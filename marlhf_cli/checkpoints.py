@@ -208,7 +208,7 @@ def read_state(folder: str | Path) -> dict[str, Any]:
 # evaluates, never a training step (evaluation draws from its own forked generators, and
 # --strict either stops or keeps exactly the same rows). Changing one is applied and said.
 RESUME_MAY_CHANGE = frozenset(
-    {"resume", "run_dir", "debug", "save_every", "eval_every", "eval_records", "eval_prompts", "parse_workers", "strict"}
+    {"resume", "run_dir", "debug", "save_every", "eval_every", "eval_records", "eval_prompts", "show_samples", "parse_workers", "strict"}
 )
 # What sets a run's length: extending a finished run (train/extending.py) changes it, and says so
 LENGTH = frozenset({"max_steps", "epochs", "steps"})

@@ -194,7 +194,7 @@ def ppo(names: flags.Names = None, compare: flags.Compare = False, x_axis: flags
 @options.with_flags(flags.DPO, flags.DATA, flags.TRAINING, flags.ENGINE, flags.LORA_TRAINING, flags.TRACKING, options.ALLOW_NEW_HEAD, options.RUN_DIR,
                     options.COMMON)  # fmt: skip
 def dpo(**shared: Any) -> None:
-    """Direct preference optimisation of the policy from sft/; writes dpo/.
+    """DPO of the policy from sft/ (the paper's baseline); writes dpo/.
 
     The paper's DPO baseline: policy and reference from the SFT model, the pairs of the PPO
     share, loss -log sigmoid(beta x margin) (or ipo, label smoothing, a length penalty).

@@ -37,7 +37,7 @@ SHARED = {
                      "--loss-aggregation", "--gradient-accumulation-steps", "--gradient-checkpointing",
                      "--lr-scheduler", "--warmup-ratio", "--weight-decay", "--max-grad-norm"), "Optimisation"),
     **dict.fromkeys(("--temperature", "--top-k", "--top-p", "--max-new-tokens", "--generation"), "Sampling"),
-    **dict.fromkeys(("--eval-every", "--eval-records", "--eval-prompts"), "Evaluation"),
+    **dict.fromkeys(("--eval-every", "--eval-records", "--eval-prompts", "--show-samples"), "Evaluation"),
     **dict.fromkeys(("--save-every", "--resume"), "Checkpoints"),
     **dict.fromkeys(("--zero-stage", "--nproc", "--offload-optimizer", "--offload-params", "--offload-frozen"),
                     "Distributed and memory"),

@@ -46,7 +46,7 @@ PresetOption = Annotated[
     Optional[str],
     typer.Option(
         "--preset",
-        help="Named settings from templates/presets (tldr, hh, webgpt, apps, cpu-tiny); --config and flags win over it.",
+        help="Named settings from templates/presets (tldr, hh, webgpt, apps: the paper's; cpu-tiny: every stage in minutes; cpu-real: ppo on SmolLM2-135M, a real model learning on a CPU); --config and flags win over it.",
     ),
 ]
 SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Random seed. [default: 42]", show_default=False)]

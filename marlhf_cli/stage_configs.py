@@ -176,6 +176,7 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     max_steps: int = 100
     eval_every: int = 10
     eval_prompts: int = 64
+    show_samples: int = 0  # held-out prompts printed at the end with their responses before and after
     save_every: int = 20
     resume: bool = False
     # memory: keep the frozen reference and reward model in CPU memory between their forwards

@@ -70,7 +70,7 @@ def test_missing_config_file_and_unknown_preset(tmp_path):
         config.resolve("ppo", preset="nope")
 
 
-@pytest.mark.parametrize("preset", ["tldr", "hh", "webgpt", "apps", "cpu-tiny"])
+@pytest.mark.parametrize("preset", sorted(path.stem for path in config.PRESETS_DIR.glob("*.yaml")))
 def test_every_preset_resolves_for_every_stage(preset):
     for stage in config.STAGES:
         config.resolve(stage, preset=preset)

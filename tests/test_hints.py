@@ -61,7 +61,7 @@ def test_too_few_prompts_does_not_offer_a_cap_as_more_data():
 
 
 @pytest.mark.parametrize("args, hint", [
-    (["rm", "--policy", "tiny"], "No such option: --policy ('marlhf rm' takes the model to start from as --model; --policy is an option of marlhf bon, marlhf ppo)"),
+    (["rm", "--policy", "tiny"], "No such option: --policy ('marlhf rm' takes the model to start from as --model; --policy is an option of marlhf bon, marlhf dpo, marlhf ppo)"),
     (["ppo", "--model", "tiny"], "No such option: --model ('marlhf ppo' takes the model to start from as --policy; --model is an option of"),
     (["sft", "--max-stpes", "3"], "No such option: --max-stpes (did you mean --max-steps?)"),
     (["segment", "x.txt", "--critic-lr", "1"], "No such option: --critic-lr (--critic-lr is an option of marlhf ppo)"),

@@ -93,17 +93,40 @@ def test_apps_has_no_reward_model_share():
 @pytest.mark.parametrize("text, shares", [
     ("20/40/40", {"sft": 0.2, "rm": 0.4, "ppo": 0.4}), ("1/1/2", {"sft": 0.25, "rm": 0.25, "ppo": 0.5}),
     (" 50 / 0 / 50 ", {"sft": 0.5, "rm": 0.0, "ppo": 0.5}), ("0.2,0.4,0.4", {"sft": 0.2, "rm": 0.4, "ppo": 0.4}),
+    ("0/0/2/1", {"sft": 0.0, "rm": 0.0, "ppo": 1.0, "eval": 1 / 3}), ("20/40/40/0", {"sft": 0.2, "rm": 0.4, "ppo": 0.4, "eval": 0.0}),
 ])  # fmt: skip
 def test_shares_are_read_and_normalised(text, shares):
     assert parse_split_shares(text) == pytest.approx(shares)
 
 
-@pytest.mark.parametrize("value", ["20/40", "20/40/40/10", "a/b/c", "0/0/0", "-10/50/60", "inf/1/1", "nan/1/1", ""])
+@pytest.mark.parametrize("value", ["20/40", "20/40/40/10/5", "a/b/c", "0/0/0", "0/0/0/5", "-10/50/60", "1/1/1/-1", "inf/1/1", "nan/1/1", ""])
 def test_bad_shares_are_one_line_exit_2(tmp_path, value):
     result = CliRunner().invoke(app, ["sft", "--split-shares", value, "--run-dir", str(tmp_path)], env={"COLUMNS": "80"})
     lines = result.output.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert lines[0].startswith("error: --split-shares must be three shares SFT/RM/PPO"), lines[0]
+
+
+def test_a_fourth_share_holds_out_that_share_of_a_file(tmp_path):
+    """0/0/2/1: a third of the prompts held out, the other two thirds ppo's, no prompt in both;
+    the default 10% would hold out 4 of these 40."""
+    data = write_messages(tmp_path / "chat.jsonl", 40)
+    shares = parse_split_shares("0/0/2/1")
+    ppo, held_out = (load_records(str(data), split=s, shares=shares) for s in ("ppo", "eval"))
+    assert len(held_out.records) in (13, 14) and len(ppo.records) + len(held_out.records) == 40
+    assert not {r["prompt"] for r in ppo.records} & {r["prompt"] for r in held_out.records}
+    assert ppo.fractions == pytest.approx({"ppo": 2 / 3, "eval": 1 / 3})
+    # three shares hold out the default 10%, and so does a fourth share of 10 in 100
+    assert len(load_records(str(data), split="eval", shares=parse_split_shares("0/0/90/10")).records) == 4
+
+
+def test_a_fourth_share_is_refused_where_the_hub_holds_the_eval_split(tmp_path):
+    """TL;DR is evaluated on the hub's validation split: a held-out share cannot apply, and
+    the refusal is the same offline (where the embedded sample stands in)."""
+    result = CliRunner().invoke(app, ["sft", "--dataset", "tldr", "--model", "tiny", "--split-shares", "50/0/50/10",
+                                      "--run-dir", str(tmp_path)], env={"COLUMNS": "200"})  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "tldr is evaluated on the hub's own validation split, so a fourth (held-out) share does not apply" in result.output
 
 
 @settings(max_examples=60, deadline=None)

@@ -26,7 +26,8 @@ Splits
   :func:`.splits.parse_split_shares`) replaces these proportions. ``eval`` is the hub's own
   validation/test split where it has one (TL;DR ``validation``, HH ``test``, APPS
   ``test``); otherwise (WebGPT, local files, embedded samples) 10% of the groups are held
-  out first, the same groups whatever the shares, and SFT/RM/PPO share the other 90%.
+  out first, the same groups whatever the shares, and SFT/RM/PPO share the other 90%; a
+  fourth ``--split-shares`` number holds out its own share instead (``0/0/2/1``: a third).
   ``split=None`` returns every record in source order. ``limit`` keeps the first N records
   of the chosen split (a random sample of it, since a split is in shuffled group order), so
   a small limit never moves rows between splits.
@@ -56,7 +57,7 @@ from .local import is_data_file, read_rows
 from .records import KIND_NAMES, NOT_AN_OBJECT, Dropped, Parsed, RowProblem, record_kind, type_name
 from .registry import ADAPTERS, DATASETS, Adapter, detect_format
 from .report import SkipReport
-from .splits import DEMONSTRATION_FRACTIONS, SPLITS, TRAINING_SPLITS, split_by_groups, with_eval
+from .splits import DEMONSTRATION_FRACTIONS, SPLITS, TRAINING_SPLITS, eval_share, split_by_groups, with_eval
 
 log = logging.getLogger("marlhf_cli.data")
 
@@ -192,7 +193,7 @@ def _from_hub_id(
                         f"{first_line(err)}") from None  # fmt: skip
     report = SkipReport()
     parsed, adapter, variant = _parse_rows(enumerate(rows, start=1), source, None, strict, report)
-    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, source))
+    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, source), eval_share(shares))
     records = _select(parsed, fractions, split, seed)
     return LoadResult(records, report, source, None, adapter.name, variant, split, len(parsed), fractions=fractions)
 
@@ -210,20 +211,25 @@ def _from_file(
 ) -> LoadResult:
     report = SkipReport()
     parsed, adapter, variant = _parse_rows(read_rows(path), path, adapter, strict, report)
-    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, path))
+    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, path), eval_share(shares))
     records = _select(parsed, fractions, split, seed)
     return LoadResult(records, report, str(path), None, adapter.name, variant, split, len(parsed), fractions=fractions)
 
 
 def _from_hub(adapter: Adapter, split: str | None, seed: int, strict: bool, shares: dict | None) -> LoadResult:
     hub = adapter.hub
+    if hub.eval_split is not None and shares and "eval" in shares:  # refused offline too: one verdict wherever it runs
+        raise UserError(
+            f"--split-shares: {adapter.name} is evaluated on the hub's own {hub.eval_split} split, so a fourth (held-out) "
+            f"share does not apply: give three, or a file of it as --data-file"
+        )
     fractions = _fractions(adapter, _kind([], adapter), split, shares, f"hub:{hub.repo}")
     report = SkipReport()
     try:
         if hub.eval_split is None:
             rows = _hub_rows(adapter, hub.train_split)
             parsed, _, variant = _parse_rows(rows, hub.source(hub.train_split), adapter, strict, report)
-            fractions = with_eval(fractions)
+            fractions = with_eval(fractions, eval_share(shares))
             records, total = _select(parsed, fractions, split, seed), len(parsed)
         else:
             records, variant, total = [], "", 0
@@ -252,7 +258,7 @@ def _from_sample(adapter: Adapter, split: str | None, seed: int, strict: bool, s
     report = SkipReport()
     path = adapter.sample_path
     parsed, _, variant = _parse_rows(read_rows(path), path, adapter, strict, report)
-    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, path))
+    fractions = with_eval(_fractions(adapter, _kind(parsed, adapter), split, shares, path), eval_share(shares))
     records = _select(parsed, fractions, split, seed)
     notice = (
         f"hub unreachable ({reason}): using the embedded {adapter.name} sample "
@@ -292,7 +298,7 @@ def _fractions(adapter: Adapter, kind: str, split: str | None, shares: dict | No
     elif shares.get("rm") and "rm" not in adapter.fractions:
         raise UserError(f"--split-shares: {adapter.name} trains no reward model: give rm a share of 0 (e.g. 20/0/80)")
     else:
-        fractions = {name: share for name, share in shares.items() if share > 0}
+        fractions = {name: share for name, share in shares.items() if share > 0 and name != "eval"}
     if split is None or split == "eval" or split in fractions:
         return dict(fractions)
     if shares is None:

@@ -28,13 +28,25 @@ GroupKey = str | Callable[[Any], Hashable] | None
 
 def parse_split_shares(text: str) -> dict[str, float]:
     """``--split-shares``: 'SFT/RM/PPO' (e.g. '20/40/40'; commas work too) -> the three
-    shares normalised to sum to 1. Raises ValueError unless three finite numbers, none
-    negative and not all 0."""
+    shares normalised to sum to 1; 'SFT/RM/PPO/EVAL' (e.g. '0/0/2/1') also holds out the
+    fourth's share of the whole source for evaluation, under ``"eval"`` (where the source
+    has no eval split of its own; :data:`EVAL_FRACTION` otherwise). Raises ValueError
+    unless three or four finite numbers, none negative, the first three not all 0."""
     parts = [p.strip() for p in str(text).replace(",", "/").split("/")]
-    values = [float(p) for p in parts] if len(parts) == len(TRAINING_SPLITS) else []
-    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+    values = [float(p) for p in parts] if len(parts) in (len(TRAINING_SPLITS), len(TRAINING_SPLITS) + 1) else []
+    training = values[: len(TRAINING_SPLITS)]
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or sum(training) <= 0:
         raise ValueError(text)
-    return {name: value / sum(values) for name, value in zip(TRAINING_SPLITS, values)}
+    shares = {name: value / sum(training) for name, value in zip(TRAINING_SPLITS, training)}
+    if len(values) > len(TRAINING_SPLITS):
+        shares["eval"] = values[-1] / sum(values)
+    return shares
+
+
+def eval_share(shares: dict[str, float] | None) -> float:
+    """The share of a source held out for evaluation: the fourth --split-shares number's,
+    or :data:`EVAL_FRACTION`."""
+    return (shares or {}).get("eval", EVAL_FRACTION)
 
 
 def with_eval(fractions: dict[str, float], eval_fraction: float = EVAL_FRACTION) -> dict[str, float]:

@@ -85,11 +85,12 @@ def load_split(config: Any, split: str, limit: int | None, *, report: bool = Tru
     return result
 
 
-def describe_records(stage: str, train, evaluated: str) -> str:
+def describe_records(stage: str, train, evaluated: str, shares_given: bool = False) -> str:
     """The start-up line on the data: how many records of how many the stage trains on,
-    the shares of the split, and ``evaluated`` (what is held out for evaluation)."""
+    the shares of the split, and ``evaluated`` (what is held out for evaluation); where the
+    source went whole to the stage by default (not by ``--split-shares``), how to share it."""
     shares = ", ".join(f"{name} {100 * share:.3g}%" for name, share in train.fractions.items())
-    if _whole(train.fractions) and stage in ("sft", "rm", "ppo"):
+    if _whole(train.fractions) and stage in ("sft", "rm", "ppo") and not shares_given:
         shares += ": every stage takes all of it (--split-shares shares it out)"
     if len(train.records) < train.available:
         shares += f"; --max-records keeps {len(train.records)} of its {train.available}"

@@ -40,7 +40,7 @@ from ..wording import count
 from . import common, extending, loop
 from .dpo_loss import PreferenceLoss, implicit_rewards, pair_losses
 from .forward import disable_dropout, logprobs_from_logits
-from .rm import encode_pairs, pair_count
+from .rm import encode_pairs, pair_count, plan_pairs
 from .sources import dpo_sources
 
 STAGE = "dpo"
@@ -244,20 +244,8 @@ def _run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(policy, padding_side="right")
     check_sources(config, policy, reference, tokenizer)
-    chat = ChatFormat(tokenizer, config.chat_template)
-    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
-    if note := chat.note(train.records):
-        common.say(note)
-    cuts = Cuts()
-    task, identical = build_task(config, tokenizer, train.records, held_out.records, chat, cuts)
-    if cut := cuts.describe(config.max_prompt_length, config.max_response_length):
-        common.say(f"{STAGE}: {cut}")
-    if identical:
-        common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
-    steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
-    if lora.enabled(config):
-        task.fingerprint.update(lora.base_identity(config, model=policy))
-    plan = loop.plan_resume(config, run_dir, STAGE, task, steps)
+    pairs = plan_pairs(STAGE, config, run_dir, policy, tokenizer, train, held_out, build_task)
+    task, steps, plan = pairs.task, pairs.steps, pairs.plan
     extension = plan.extension  # a finished dpo/ made longer: its weights are the start
     model = load_causal_lm(extension.exports[0] if extension and not lora.enabled(config) else policy, dtype="fp32")
     disable_dropout(model)  # the first step's policy log-probs are the reference's exactly
@@ -275,8 +263,8 @@ def _run(config: Any) -> dict[str, Any]:
     common.say(f"reference log-probs of the {count(len(needed), 'pair')} the run reads computed once ({seconds:.1f} s), "
                "not at every step")  # fmt: skip
     inputs = common.inputs_entry(
-        config, policy, train, held_out, reference=reference, train_pairs=len(task.train), identical_pairs=identical,
-        chat_template=chat.example(train.records), cut=cuts.as_dict(), reference_seconds=round(seconds, 2),
+        config, policy, train, held_out, reference=reference, train_pairs=len(task.train), identical_pairs=pairs.identical,
+        chat_template=pairs.chat.example(train.records), cut=pairs.cuts.as_dict(), reference_seconds=round(seconds, 2),
         reference_pairs=len(needed),
     )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)

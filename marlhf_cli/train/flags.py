@@ -43,7 +43,7 @@ ChatTemplateOption = Annotated[
 ]
 SplitSharesOption = Annotated[
     Optional[str],
-    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 20/40/40); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares. [default: the paper's datasets 20/40/40, APPS 20/0/80; a file of your own in TRL's formats is not shared out: each stage takes all of it]"),
+    _opt("--split-shares", "How sft, rm and ppo share the source's records, as SFT/RM/PPO (e.g. 20/40/40); give every stage the same value, so their records never overlap. 10% is held out for evaluation first (unless the source has its own eval split), whatever the shares; a fourth number, SFT/RM/PPO/EVAL (e.g. 0/0/2/1), holds out that share of the source instead. [default: the paper's datasets 20/40/40, APPS 20/0/80; a file of your own in TRL's formats is not shared out: each stage takes all of it]"),
 ]
 EvalRecordsOption = Annotated[
     Optional[int], _opt("--eval-records", "Held-out records used per evaluation (0 turns evaluation off). [default: 500]")
@@ -179,6 +179,7 @@ ParseWorkers = Annotated[Optional[int], _opt("--parse-workers", "Worker processe
 MaxSteps = Annotated[Optional[int], _opt("--max-steps", "PPO steps (rollout + update). [default: 100]")]
 EvalEvery = Annotated[Optional[int], _opt("--eval-every", "Mean reward on held-out prompts before training, every N steps and at the end; 0 = only at the end. [default: 10]")]
 EvalPrompts = Annotated[Optional[int], _opt("--eval-prompts", "Held-out prompts per evaluation (0 turns evaluation off). [default: 64]")]
+ShowSamples = Annotated[Optional[int], _opt("--show-samples", "At the end, print the first K held-out prompts with the response and score of each before training and after (the evaluations' samples: needs the one before training, --eval-every > 0). [default: 0]")]
 SaveEvery = Annotated[Optional[int], _opt("--save-every", "Resume checkpoint (actor, critic, optimizers, schedules, RNG) every N steps; 0 = never. [default: 20]")]
 Resume = Annotated[Optional[bool], _switch("--resume", "Continue from the run's last checkpoint (same options and seed reproduce the uninterrupted run); an error when there is none.")]
 OffloadFrozen = Annotated[Optional[bool], _switch("--offload-frozen", "Keep the reference and reward model in CPU memory between their forwards. [default: off]")]
@@ -244,7 +245,7 @@ PPO = {
     "temperature": Temperature, "top_k": TopK, "top_p": TopP, "max_prompt_length": MaxPrompt,
     "max_new_tokens": MaxNewTokens, "generation": GenerationOption, "termination": Termination, "n": N, "cutoff": Cutoff,
     "value_function": ValueFunction, "ratio": Ratio, "loss_aggregation": LossAggregation, "parser_backend": ParserBackend, "parse_workers": ParseWorkers,
-    "max_steps": MaxSteps, "eval_every": EvalEvery, "eval_prompts": EvalPrompts, "save_every": SaveEvery,
+    "max_steps": MaxSteps, "eval_every": EvalEvery, "eval_prompts": EvalPrompts, "show_samples": ShowSamples, "save_every": SaveEvery,
     "resume": Resume, "offload_frozen": OffloadFrozen,
 }  # fmt: skip
 # flags only some estimators read (the rule's, the critic's, mc's: train/ppo/estimators.py

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from .. import checkpoints, engine as eng, lora
 from ..wording import count
@@ -133,6 +134,41 @@ def build_task(config: Any, tokenizer, train_records, eval_records, chat: ChatFo
     return task, dropped + dropped_eval
 
 
+@dataclass
+class PairPlan:
+    """What a stage that trains on preference pairs (``rm``, ``dpo``) knows before its model
+    loads: the encoded task, the pairs left out, the chat format and cuts (for run.json), the
+    steps and the resume plan."""
+
+    task: loop.Task
+    identical: int
+    chat: ChatFormat
+    cuts: Cuts
+    steps: int
+    plan: Any
+
+
+def plan_pairs(stage: str, config: Any, run_dir: RunDir, model_name: str, tokenizer, train, held_out,
+               build: Callable[..., tuple[loop.Task, int]]) -> PairPlan:
+    """The start-up both pair stages share, saying each thing once: the records, the chat
+    format, the cuts, the pairs left out; then the steps and whether it resumes. ``build``
+    is the stage's own ``build_task``."""
+    chat = ChatFormat(tokenizer, config.chat_template)
+    common.say(common.describe_records(stage, train, f"{len(held_out.records)} held out for evaluation", bool(config.split_shares)))
+    if note := chat.note(train.records):  # plain-text data needs no word
+        common.say(note)
+    cuts = Cuts()
+    task, identical = build(config, tokenizer, train.records, held_out.records, chat, cuts)
+    if cut := cuts.describe(config.max_prompt_length, config.max_response_length):
+        common.say(f"{stage}: {cut}")
+    if identical:
+        common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
+    steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
+    if lora.enabled(config):
+        task.fingerprint.update(lora.base_identity(config, model=model_name))
+    return PairPlan(task, identical, chat, cuts, steps, loop.plan_resume(config, run_dir, stage, task, steps))
+
+
 def run(config: Any) -> dict[str, Any]:
     """Train the reward model and write ``rm/`` into the run directory; returns final metrics."""
     with RunDir(config.run_dir).writing(STAGE):  # one writer of the stage's outputs at a time
@@ -152,20 +188,8 @@ def _run(config: Any) -> dict[str, Any]:
     train = common.load_split(config, "rm", config.max_records).require(STAGE, ("preference",))
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(model_name, padding_side="right")
-    chat = ChatFormat(tokenizer, config.chat_template)
-    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
-    if note := chat.note(train.records):  # plain-text data needs no word
-        common.say(note)
-    cuts = Cuts()
-    task, identical = build_task(config, tokenizer, train.records, held_out.records, chat, cuts)
-    if cut := cuts.describe(config.max_prompt_length, config.max_response_length):
-        common.say(f"{STAGE}: {cut}")
-    if identical:
-        common.say(f"left out {count(identical, 'pair')} whose responses are identical after truncation to {config.max_response_length} tokens")
-    steps = loop.total_steps(len(task.train), config.batch_size, config.epochs, config.max_steps)
-    if lora.enabled(config):
-        task.fingerprint.update(lora.base_identity(config, model=model_name))
-    plan = loop.plan_resume(config, run_dir, STAGE, task, steps)
+    pairs = plan_pairs(STAGE, config, run_dir, model_name, tokenizer, train, held_out, build_task)
+    task, steps, plan = pairs.task, pairs.steps, pairs.plan
     extension = plan.extension  # a finished rm/ made longer: its weights are the start
     model = _load_quietly(extension.exports[0] if extension and not lora.enabled(config) else model_name, config.debug)
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -183,8 +207,8 @@ def _run(config: Any) -> dict[str, Any]:
         scoring.SequenceScorer(model), config, lr=config.lr, batch_size=config.batch_size, total_steps=steps
     )
     inputs = common.inputs_entry(
-        config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=identical,
-        chat_template=chat.example(train.records), cut=cuts.as_dict(),
+        config, model_name, train, held_out, train_pairs=len(task.train), identical_pairs=pairs.identical,
+        chat_template=pairs.chat.example(train.records), cut=pairs.cuts.as_dict(),
     )  # fmt: skip
     result, monitor = loop.fit_stage(task, engine, config=config, run_dir=run_dir, stage=STAGE, inputs=inputs, steps=steps, plan=plan)
     stats = result.eval or result.train

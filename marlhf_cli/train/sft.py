@@ -190,7 +190,7 @@ def _run(config: Any) -> dict[str, Any]:
     held_out = common.load_split(config, "eval", config.eval_records, report=False)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     chat = ChatFormat(tokenizer, config.chat_template)
-    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation"))
+    common.say(common.describe_records(STAGE, train, f"{len(held_out.records)} held out for evaluation", bool(config.split_shares)))
     if note := chat.note(train.records):  # plain-text data needs no word
         common.say(note)
     cuts = Cuts()

@@ -20,7 +20,9 @@ The course:
 2. **models**: ``marlhf sft``, then ``marlhf rm`` at each rate on the pilot's training pairs
    (``models.json``).
 3. **the reward models' gate**: each on the pilot's validation pairs against the better length
-   rule, as gate 1 will be on the test pairs (``rm-gate.json``); the better one goes on.
+   rule, as gate 1 will be on the test pairs (``rm-gate.json``); the better one goes on. Where
+   none passes, the pilot stops here and reports (the issue: a gate that cannot be passed is a
+   result).
 4. **the critic's fit**: the token-PPO arm's warm-up at each critic rate; gate 2's figure, the
    pooled explained variance over its 10 steps (``critic/``).
 5. **one token-PPO run**: its held-out RM-score curve and its cost (``curve/``).
@@ -114,6 +116,10 @@ def _course(args, settings: dict, root: Path, workers: Workers) -> int:
     models = _record(root / "models.json", train_models)
     gate = _record(root / "rm-gate.json", lambda: reward_model_gate(settings, files, work, models, threads))
     models = {**models, "picked_rm_lr": gate["picked_rm_lr"]}  # the pilot's pick, on its validation pairs
+    if not gate1_passable(gate):
+        # issue 55: a pilot that shows a gate cannot be passed says so with its figures and stops there
+        workers.close()
+        return write_report(settings, root)
 
     def runner(jobs: list[dict], label: str) -> list[dict]:
         return run_jobs(jobs, root, workers, threads, label, run=run_ppo, path=ppo_path)
@@ -127,6 +133,11 @@ def _course(args, settings: dict, root: Path, workers: Workers) -> int:
     runner([ppo_job(settings, models, work, "curve", k["arm"], k["actor_lr"], critic_lr, k["seed"], k["steps"])], "token-PPO curve")
     workers.close()
     return write_report(settings, root)
+
+
+def gate1_passable(gate: dict) -> bool:
+    """Whether any reward model of the grid passed gate 1's test on the pilot's validation pairs."""
+    return any(result["passed"] for result in gate["by_lr"].values())
 
 
 def write_report(settings: dict, root: Path) -> int:

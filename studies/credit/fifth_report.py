@@ -22,6 +22,11 @@ def _machine(record: dict) -> str:
     return f"{cpu.get('model', 'unknown CPU')}" + (f" ({flags})" if flags else "") + f", {record.get('threads')} torch thread(s)"
 
 
+def _training_hours(models: dict) -> float:
+    runs = [models["sft"], *models["rm"].values()]
+    return sum(run["steps"] * run["seconds_per_step"] for run in runs) / 3600
+
+
 def pilot_lines(settings: dict, root: Path) -> list[str]:
     out = [f"# Credit study, fifth edition: the pilot ({settings['mode']}, pilot hash {settings['digest']})", "",
            "A pilot, reported as one: it measures whether the edition's gates can be passed and what a run costs, on data "
@@ -45,7 +50,8 @@ def pilot_lines(settings: dict, root: Path) -> list[str]:
     out += ["", "## Models", "", f"- SFT: {sft['steps']} steps, held-out loss {sft['eval_loss']:.3f}, {sft['seconds_per_step']:.1f} s/step.",
             *[f"- RM at lr {lr}: {m['steps']} steps, the stage's own held-out accuracy {m['eval_accuracy']:.3f} on "
               f"{m['eval_pairs']:.0f} pairs, {m['seconds_per_step']:.1f} s/step." for lr, m in models["rm"].items()],
-            f"- Training the models took {models['seconds'] / 3600:.2f} h."]  # fmt: skip
+            # the steps' own time: a phase resumed after a restart records only its last session's wall time
+            f"- Their training steps took {_training_hours(models):.2f} h (steps x seconds per step)."]  # fmt: skip
     gate = _read(root / "rm-gate.json")
     if gate is None:
         return out
@@ -59,7 +65,14 @@ def pilot_lines(settings: dict, root: Path) -> list[str]:
         out.append(f"| {lr} | {g['pairs']} | {g['accuracy']:.3f} ({low:.3f}-{high:.3f}) | {g['length_rule']} wins | "
                    f"{g['length_accuracy']:.3f} | {g['rm_only']} / {g['length_only']} | {g['p_value']:.3g} | "
                    f"{g['length_controlled']:.3f} | {'yes' if g['passed'] else 'no'} |")  # fmt: skip
-    out += ["", f"The pilot goes on with the reward model at lr {gate['picked_rm_lr']:g} (the better validation accuracy)."]
+    if not any(g["passed"] for g in gate["by_lr"].values()):
+        best = max(gate["by_lr"].values(), key=lambda g: g["accuracy"])
+        out += ["", f"**Gate 1 cannot be passed at this scale: the pilot stops here** (issue 55: a gate that cannot be "
+                f"passed is a result). The better reward model is right on {best['accuracy']:.3f} of the validation pairs, "
+                f"against the bar of {bar} and the better length rule's {best['length_accuracy']:.3f}; no critic or PPO "
+                f"figure below it is a gate-2 reading of a reward model the edition could use."]  # fmt: skip
+    else:
+        out += ["", f"The pilot goes on with the reward model at lr {gate['picked_rm_lr']:g} (the better validation accuracy)."]
     critic = _records(root, "critic")
     warmup = settings["ppo"]["warmup_steps"]
     if critic:

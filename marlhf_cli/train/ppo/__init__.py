@@ -64,7 +64,7 @@ from ...seeding import derived_seed
 from ...wording import count
 from .. import common
 from ..monitor import Monitor, as_logged
-from . import completions, credit, critic_fit, stopping, value_head
+from . import before_after, completions, credit, critic_fit, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
 from .estimators import CreditInputs, mc_cost
@@ -114,7 +114,8 @@ def _train(config, plan: RunPlan, reward_fn: RewardFn | None) -> dict[str, Any]:
     if config.resume:  # before any model loads: nothing to resume, or a changed option, is one line
         extension = check_resumable(root, expected, config, critic=plan.critic)
     held_out = held_out_prompts(config)
-    common.say(common.describe_records(STAGE, prompts, f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"))
+    evaluated = f"{count(len(held_out), 'distinct held-out prompt')} for evaluation"
+    common.say(common.describe_records(STAGE, prompts, evaluated, bool(config.split_shares)))
     rewards = [("reward", reward_fn)] if reward_fn is not None else make_rewards(config)
     for _, reward in rewards:
         if hasattr(reward, "check_records"):  # a Python function: the record fields it needs exist
@@ -140,11 +141,16 @@ def _train(config, plan: RunPlan, reward_fn: RewardFn | None) -> dict[str, Any]:
     durations: list[float] = []
     completed, saved = start, start  # steps whose update finished; the newest checkpoint's step
     checkpoint_state = {"fingerprint": expected, "stage": stage_key}
+    before = run_dir.samples_path(name + before_after.BEFORE_SUFFIX)
+    if start == 0 and eng.is_main():
+        before.unlink(missing_ok=True)  # another run of this name's, never this one's
     try:
         if held_out and (start == 0 and config.eval_every or start == config.max_steps):
             # (a run resumed at its last step, whose evaluation failed, evaluates it now)
             scores, rows = evaluate(ctx, held_out, start)
             monitor.log(start, scores, "eval")
+            if start == 0 and eng.is_main():  # what the end compares with, whatever resumes between
+                artifacts.write_jsonl(before, rows)
         for step in range(start, config.max_steps):
             last = ppo_step(ctx, step)
             if not ctx.critic_free:  # from the figures as logged: a resumed run reads them back
@@ -183,7 +189,7 @@ def _train(config, plan: RunPlan, reward_fn: RewardFn | None) -> dict[str, Any]:
     mark_finished(ctx, root, checkpoint_state)  # once exported: what a longer --max-steps extends
     metrics: dict[str, Any] = {}
     if eng.is_main():
-        metrics = _report(monitor, run_dir, name, last, rows, durations, start)
+        metrics = _report(monitor, run_dir, name, last, rows, durations, start, show_samples=config.show_samples)
         if extension is not None:
             metrics = {k: v for k, v in metrics.items() if k != "resumed_from_step"} | {"extended_from_step": start}
     common.record(run_dir, stage_key, config, inputs, metrics, status="finished")
@@ -353,8 +359,10 @@ def _export_models(models, out_dir) -> None:
     checkpoints.export_pretrained(models.actor, out_dir, tokenizer=models.tokenizer, save=models.actor_save)
 
 
-def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list[dict], durations: list[float], start: int) -> dict[str, Any]:
-    """Rank 0: the summary metrics, the samples, the plots and the final table."""
+def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list[dict], durations: list[float], start: int,
+            show_samples: int = 0) -> dict[str, Any]:
+    """Rank 0: the summary metrics, the samples, the plots, the final table, then the
+    held-out prompts before and after (``show_samples`` of them) and the paired gain."""
     from . import report
 
     # the whole history, including the part before a resume
@@ -373,4 +381,11 @@ def _report(monitor: Monitor, run_dir: RunDir, name: str, last: dict, rows: list
     for line in report.critic_lines(history):  # before the table: a run ends on its result
         common.say(line)
     report.print_final_table(name, history, metrics)
+    before = run_dir.samples_path(name + before_after.BEFORE_SUFFIX)
+    gain = before_after.paired_gain(artifacts.read_jsonl(before), rows) if rows and before.is_file() and metrics["steps"] else None
+    if gain is not None:  # the run's result, last
+        for line in before_after.sample_lines(artifacts.read_jsonl(before), rows, show_samples):
+            common.say(line)
+        common.say(before_after.gain_line(gain))
+        metrics["eval_gain"] = {key: gain[key] for key in ("prompts", "before", "after", "gain", "gain_ci")}
     return metrics
