@@ -39,6 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import fourth
+from .fifth_report import gate1_passable
 from .fourth import _record, model_paths, pick, pooled_fit, ppo_job, ppo_path, run_ppo
 from .protocol import HERE
 from .runs import REPO, H, Workers, run_jobs
@@ -133,11 +134,6 @@ def _course(args, settings: dict, root: Path, workers: Workers) -> int:
     runner([ppo_job(settings, models, work, "curve", k["arm"], k["actor_lr"], critic_lr, k["seed"], k["steps"])], "token-PPO curve")
     workers.close()
     return write_report(settings, root)
-
-
-def gate1_passable(gate: dict) -> bool:
-    """Whether any reward model of the grid passed gate 1's test on the pilot's validation pairs."""
-    return any(result["passed"] for result in gate["by_lr"].values())
 
 
 def write_report(settings: dict, root: Path) -> int:

@@ -22,6 +22,11 @@ def _machine(record: dict) -> str:
     return f"{cpu.get('model', 'unknown CPU')}" + (f" ({flags})" if flags else "") + f", {record.get('threads')} torch thread(s)"
 
 
+def gate1_passable(gate: dict) -> bool:
+    """Whether any reward model of the grid passed gate 1's test on the pilot's validation pairs."""
+    return any(result["passed"] for result in gate["by_lr"].values())
+
+
 def _training_hours(models: dict) -> float:
     runs = [models["sft"], *models["rm"].values()]
     return sum(run["steps"] * run["seconds_per_step"] for run in runs) / 3600
@@ -65,7 +70,7 @@ def pilot_lines(settings: dict, root: Path) -> list[str]:
         out.append(f"| {lr} | {g['pairs']} | {g['accuracy']:.3f} ({low:.3f}-{high:.3f}) | {g['length_rule']} wins | "
                    f"{g['length_accuracy']:.3f} | {g['rm_only']} / {g['length_only']} | {g['p_value']:.3g} | "
                    f"{g['length_controlled']:.3f} | {'yes' if g['passed'] else 'no'} |")  # fmt: skip
-    if not any(g["passed"] for g in gate["by_lr"].values()):
+    if not gate1_passable(gate):
         best = max(gate["by_lr"].values(), key=lambda g: g["accuracy"])
         out += ["", f"**Gate 1 cannot be passed at this scale: the pilot stops here** (issue 55: a gate that cannot be "
                 f"passed is a result). The better reward model is right on {best['accuracy']:.3f} of the validation pairs, "
