@@ -176,7 +176,7 @@ def test_a_model_whose_head_does_not_fit_its_role_is_refused_unless_asked(tmp_pa
 def _sft(run_dir, *extra: str) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "marlhf_cli.cli", "sft", "--preset", "cpu-tiny", "--max-steps", "8", "--save-every", "2",
+    return [sys.executable, "-m", "marlhf_cli.cli", "sft", "--preset", "cpu-tiny", "--max-steps", "6", "--save-every", "2",
             "--eval-every", "0", "--lr-scheduler", "constant", "--seed", "4", "--dtype", "fp32", "--report-to", "none",
             "--run-dir", str(run_dir), *extra]  # fmt: skip
 
@@ -188,12 +188,12 @@ def _train_rows(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["truncate", "empty-state"])
-def test_resume_skips_a_damaged_checkpoint_for_the_whole_one_before_it(tmp_path, damage):
+def test_resume_skips_a_damaged_checkpoint_for_the_whole_one_before_it(tmp_path):
     """Truncate the newest checkpoint's model file, or empty its trainer state, after a
     SIGKILL: --resume names what is damaged, resumes from the checkpoint before it, and ends
     where the uninterrupted run ends (it was a PytorchStreamReader or JSONDecodeError
-    traceback, the intact earlier checkpoint unused)."""
+    traceback, the intact earlier checkpoint unused). One killed run, copied once per damage."""
+    import shutil
     import subprocess
 
     from test_ppo_resume import environment, kill_once_saved, run_here
@@ -202,20 +202,23 @@ def test_resume_skips_a_damaged_checkpoint_for_the_whole_one_before_it(tmp_path,
     run_here(_sft(straight))
     proc = subprocess.Popen(_sft(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
-    newest = killed / "sft" / "checkpoints" / "step-000004"
-    kill_once_saved(proc, newest / "trainer_state.json")
+    kill_once_saved(proc, killed / "sft" / "checkpoints" / "step-000004" / "trainer_state.json")
     assert (killed / "sft" / "checkpoints" / "step-000002" / "trainer_state.json").is_file()  # the one before stays
-    if damage == "truncate":
-        model = next(newest.rglob("*model_states.pt"))
-        model.write_bytes(model.read_bytes()[:1000])
-        why = f"{model.relative_to(newest).as_posix()} is 1,000 bytes"
-    else:
-        (newest / "trainer_state.json").write_text("")
-        why = "trainer_state.json is empty or not JSON"
-    resumed = subprocess.run(_sft(killed, "--resume"), env=environment(), capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"--resume: skipped step-000004 ({why}" in resumed.stderr and "resuming from step-000002" in resumed.stderr
-    assert _train_rows(killed) == _train_rows(straight)
+    for damage in ("truncate", "empty-state"):
+        run_dir = tmp_path / damage
+        shutil.copytree(killed, run_dir)
+        newest = run_dir / "sft" / "checkpoints" / "step-000004"
+        if damage == "truncate":
+            model = next(newest.rglob("*model_states.pt"))
+            model.write_bytes(model.read_bytes()[:1000])
+            why = f"{model.relative_to(newest).as_posix()} is 1,000 bytes"
+        else:
+            (newest / "trainer_state.json").write_text("")
+            why = "trainer_state.json is empty or not JSON"
+        resumed = subprocess.run(_sft(run_dir, "--resume"), env=environment(), capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"--resume: skipped step-000004 ({why}" in resumed.stderr and "resuming from step-000002" in resumed.stderr
+        assert _train_rows(run_dir) == _train_rows(straight), damage
 
 
 def test_every_checkpoint_damaged_is_one_line(tmp_path):
@@ -297,7 +300,7 @@ def test_a_full_disk_is_one_line_that_keeps_the_last_checkpoint(small_disk):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["ppo", "sft"])
+@pytest.mark.parametrize("stage", ["ppo"])
 def test_a_second_writer_of_a_stage_is_refused_and_a_killed_holder_blocks_nothing(tmp_path, stage):
     """Two `marlhf ppo` runs of the same name on one run directory both exited 0 with every
     metrics row twice: the second now stops in one line naming the first's process, and once
@@ -334,6 +337,35 @@ def test_a_second_writer_of_a_stage_is_refused_and_a_killed_holder_blocks_nothin
     shorter = [("1" if previous == "--max-steps" else arg) for previous, arg in zip(["", *args], args)]
     third = _invoke(*shorter, "--report-to", "none", "--run-dir", str(run))
     assert third.exit_code == 0, third.output[-2000:]
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm", "dpo"])
+def test_every_stage_takes_its_lock_before_it_loads_anything(tmp_path, stage):
+    """The other stages hold the same lock as ppo (above, with two real runs): a process that
+    holds ``.locks/<stage>.lock`` (a small Python one here, no model) makes the stage stop in
+    one line that names it."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    lock = run / ".locks" / f"{stage}.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"handle = open({str(lock)!r}, 'a+')\n"
+        "fcntl.flock(handle.fileno(), fcntl.LOCK_EX)\n"
+        "handle.write(f'process {os.getpid()} (a test)\\n'); handle.flush()\n"
+        "print('held', flush=True); time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        if stage != "sft":  # rm and dpo start from the run's sft/: its config is enough to get to the lock
+            (run / "sft").mkdir()
+            (run / "sft" / "config.json").write_text("{}")
+        line = _error(_invoke(stage, "--preset", "cpu-tiny", "--report-to", "none", "--run-dir", str(run)))
+        assert f"{stage} in {run} is being written by process {holder.pid} (a test)" in line
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
 
 
 # ---------------------------------------------------------------------------------------
