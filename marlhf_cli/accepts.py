@@ -20,7 +20,8 @@ from .wording import count
 # The choices below are also defined where they are used (marlhf_cli.macro, engine.py,
 # evaluate/prompts.py), which this module must not import (they pull in torch);
 # tests/test_option_values.py keeps the two in step.
-RULES = ("fixed", "randomized", "ppl", "parsing", "code")
+RULES = ("fixed", "randomized", "ppl", "parsing", "code", "turn")
+PAPER_RULES = RULES[:5]  # segment --rule all: the paper's (turn cuts a conversation, not a text)
 VALUE_FUNCTIONS = ("equal", "unit", "position", "first")
 VALUE_HEAD_INITS = ("zero", "random", "reward-model")
 RATIO_MODES = ("token", "macro")
@@ -107,7 +108,7 @@ def _segment_length(n: float) -> bool:
 
 def rule_list(spec: Any) -> list[str]:
     """segment's --rule: 'ppl', 'fixed,code' or 'all' -> rule names (ValueError if none or unknown)."""
-    names = list(RULES) if spec == "all" else [r.strip() for r in str(spec).split(",") if r.strip()]
+    names = list(PAPER_RULES) if spec == "all" else [r.strip() for r in str(spec).split(",") if r.strip()]
     if not names or any(name not in RULES for name in names):
         raise ValueError(spec)
     return names
@@ -167,6 +168,22 @@ class RewardChoice(Accepts):
                 load_function(part, flag)
             else:
                 super().check(flag, part)
+
+
+@dataclass(frozen=True)
+class EnvironmentChoice(Accepts):
+    """``--env py:FILE.py:NAME``: the file is imported and the name looked up, so a typo fails
+    in one line before anything loads (docs/environments.md)."""
+
+    def check(self, flag: str, value: Any) -> None:
+        from .rewards.function import is_function_spec, load_function
+
+        if not is_function_spec(value):
+            raise UserError(f"{flag} must be {self.expected}, got {value!r}")
+        load_function(value, flag)
+
+
+ENVIRONMENT = EnvironmentChoice(lambda v: True, "py:FILE.py:NAME (a Python file and the class or function in it that makes an environment)")
 
 
 def reward_list(value: Any) -> list[str]:
@@ -239,6 +256,10 @@ ACCEPTS: dict[str, Accepts] = {
     "mc_max_boundaries": at_least(0),  # 0: no inner boundary, one macro action per response
     "tree_branches": at_least(2),
     "tree_depth": POSITIVE,
+    "env": ENVIRONMENT,
+    "max_turns": POSITIVE,
+    "max_episode_tokens": POSITIVE,
+    "env_timeout": above(0),
     "rollout_batch_size": POSITIVE,
     "mini_batch_size": POSITIVE,
     "ppo_epochs": POSITIVE,

@@ -185,6 +185,33 @@ class ChatFormat:
         end = self.tokenizer.convert_ids_to_tokens(rendered.end_id)
         return {"template": self.source, "prompt": rendered.prompt, "response": rendered.response, "end": end}
 
+    # -- episodes (--env): a conversation the policy and an environment write together ----
+
+    def episode_prompt(self, message: str) -> str:
+        """The text before an episode's first assistant turn: its first user message under the
+        template, or the HH transcript's ``Human: ... Assistant:`` without one (``none``)."""
+        if self.template is None:
+            return f"\n\nHuman: {message}\n\nAssistant:"
+        return self._strip_bos(self._apply([{"role": "user", "content": message}], generation=True))
+
+    def observation_text(self, message: str, role: str = "user") -> str:
+        """The text between an assistant turn's end token and the next turn's first token: what
+        the template writes after a reply, the environment's message in its role, the
+        generation prompt (found by rendering a probe reply with and without the message
+        after it). Without a template, the transcript's next ``Human:`` (or ``Tool:``) turn."""
+        if self.template is None:
+            return f"\n\n{'Human' if role == 'user' else 'Tool'}: {message}\n\nAssistant:"
+        probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE}]
+        before = self._apply(probe)
+        after = self._apply(probe + [{"role": role, "content": message}], generation=True)
+        cut = before.find(_PROBE) + len(_PROBE)
+        if self.end_text and before.startswith(self.end_text, cut):
+            cut += len(self.end_text)
+        if cut < len(_PROBE) or after[:cut] != before[:cut]:
+            raise UserError(f"--chat-template {self.source}: the template renders a reply differently once a {role} message "
+                            "follows it, so an episode's turns cannot be told apart")  # fmt: skip
+        return after[cut:]
+
     # -- internals ----------------------------------------------------------------------
 
     def _turns(self, record: dict) -> dict:

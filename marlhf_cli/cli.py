@@ -67,7 +67,7 @@ def segment(
         Optional[str],
         typer.Option(
             "--rule",
-            help="Termination rule: fixed, randomized, ppl, parsing, code; several comma-separated, or 'all'. [default: fixed]",
+            help="Termination rule: fixed, randomized, ppl, parsing, code; several comma-separated, or 'all' (those five); or turn: a conversation (a JSONL file of messages, or a Human:/Assistant: transcript), each assistant turn one macro action. [default: fixed]",
             show_default=False,
         ),
     ] = None,

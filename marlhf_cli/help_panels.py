@@ -14,7 +14,7 @@ from typer.core import TyperCommand
 
 # The order panels are printed in; a command shows the ones its options use.
 ORDER = (
-    "Data", "Model", "Preference loss", "Segmentation", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
+    "Data", "Model", "Episodes", "Preference loss", "Segmentation", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
     "Judge", "Requests", "Reward model", "Sandbox", "Checkpoints", "Distributed and memory", "Compare runs",
     "Output", "Run",
 )  # fmt: skip
@@ -25,6 +25,7 @@ SHARED = {
                      "--max-prompt-length", "--max-response-length", "--packing"), "Data"),
     **dict.fromkeys(("--model", "--policy", "--reward-model", "--reward", "--reward-weights", "--trainable-layers", "--dtype", "--lora-rank",
                      "--lora-alpha", "--lora-targets", "--lora-dropout", "--allow-new-head"), "Model"),
+    **dict.fromkeys(("--env", "--max-turns", "--max-episode-tokens", "--env-timeout"), "Episodes"),
     **dict.fromkeys(("--termination", "--n", "--cutoff", "--value-function", "--ratio", "--parser-backend",
                      "--parse-workers"), "Macro actions"),
     **dict.fromkeys(("--advantage", "--samples-per-prompt", "--mc-rollouts", "--mc-max-boundaries", "--tree-branches", "--tree-depth", "--gamma", "--lam",

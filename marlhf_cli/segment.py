@@ -261,6 +261,15 @@ def run(config, source: str) -> None:
     from .models import load_causal_lm, load_tokenizer
 
     rules = rule_list(config.rule)  # checked with the options (accepts.ACCEPTS)
+    if "turn" in rules:  # a conversation's turns, not a text's tokens (segment_turns.py)
+        if len(rules) > 1:
+            raise UserError("--rule turn cuts conversations into their assistant turns: give it alone")
+        from .segment_turns import read_conversations, show
+
+        conversations = read_conversations(source)
+        show(conversations, tokenizer=load_tokenizer(config.tokenizer), as_json=config.format == "json", stats=config.stats,
+             mark=MARK, styles=SEGMENT_STYLES)  # fmt: skip
+        return
     if "parsing" in rules:
         check_parser(config.backend)
     responses = read_responses(source)

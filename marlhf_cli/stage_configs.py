@@ -133,6 +133,11 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     mc_max_boundaries: int | None = None  # mc: boundaries per response at most (B); None: every one the rule makes
     tree_branches: int = 2  # tree: children per node (K); K^D leaves per prompt
     tree_depth: int = 2  # tree: levels of macro actions (D)
+    # multi-turn episodes (docs/environments.md): py:FILE.py:NAME makes one environment per episode
+    env: str | None = None
+    max_turns: int = 4  # assistant turns per episode at most
+    max_episode_tokens: int | None = None  # turns and observations after the prompt; None: turns x --max-new-tokens + 64 per observation
+    env_timeout: float = 30.0  # seconds each environment call may take
     # Algorithm 1 / Table 5
     rollout_batch_size: int = 256
     mini_batch_size: int = 32
@@ -163,7 +168,7 @@ class PPOConfig(CommonConfig, TrainingDataConfig, EngineConfig, TrackingConfig, 
     # recorded as a CUDA graph (generation/compiled.py); auto = compiled on CUDA
     generation: str = "auto"
     # macro actions (docs/method.md, "Termination rules" and "Segment GAE")
-    termination: str = "fixed"  # fixed | randomized | ppl | parsing | code
+    termination: str = "fixed"  # fixed | randomized | ppl | parsing | code | turn (--env: a turn per macro action)
     n: float = 5  # fixed-rule segment length; inf = one segment per response
     cutoff: int | None = None  # parsing C / code C_code; None = the rule's default (5 / 10)
     value_function: str = "equal"  # equal | unit | position | first

@@ -67,7 +67,7 @@ def test_every_option_sits_in_a_named_panel(name):
 def test_ppo_help_is_grouped_as_a_trl_user_looks_for_it():
     result = CliRunner().invoke(app, ["ppo", "--help"], env={"COLUMNS": "80"})
     headings = [line[:-1] for line in result.output.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-    assert headings == ["Arguments", "Data", "Model", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
+    assert headings == ["Arguments", "Data", "Model", "Episodes", "Macro actions", "Advantage", "Optimisation", "Sampling", "Evaluation",
                         "Checkpoints", "Distributed and memory", "Compare runs", "Output", "Run"]  # fmt: skip
     section = result.output.split("\nSampling:\n")[1].split("\n\n")[0]
     assert all(flag in section for flag in ("--temperature", "--top-k", "--generation", "--max-new-tokens"))

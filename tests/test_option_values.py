@@ -57,6 +57,7 @@ BAD_TEXT = {
     "--chat-template": "no-such-template.jinja",  # auto, none or a file
     "--lora-targets": ",",
     "--lam": "sometimes",  # a number in [0, 1], or adaptive
+    "--env": "guess_letter.py",  # py:FILE.py:NAME
 }
 # Values inside a number's type but outside its range, beyond the -1 every number gets.
 OUT_OF_RANGE = [

@@ -13,7 +13,9 @@ it::
 The critic-free baselines (``rloo_advantages``, ``grpo_advantages``, ``kl_loss``) live here
 too, so a comparison with them uses the same losses, and so do the Monte-Carlo segment
 advantages (``cap_segments``, ``boundary_plan``, ``mc_advantages``: segment values from
-sampled continuations instead of a critic).
+sampled continuations instead of a critic), and a multi-turn episode's turns (``turn_index``,
+``place_turn_rewards``, ``split_turns``: a turn as a macro action, or a rule cutting inside
+turns).
 
 Every name loads its module on first use, so code that only segments imports no torch, and
 ``parsing_lengths`` (the natural-language rule) pulls in spaCy/stanza only when called.
@@ -52,6 +54,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         value_loss,
     )
     from .montecarlo import BoundaryPlan, boundary_plan, cap_segments, kept_boundaries, mc_advantages
+    from .turns import TurnSplit, place_turn_rewards, split_turns, turn_counts, turn_ends, turn_index
     from .rules import fixed_lengths, ppl_lengths, randomized_lengths
     from .segmentation import (
         DEFAULT_PARSING_CUTOFF,
@@ -116,6 +119,12 @@ _SOURCES = {
     "start_segment_batch": ".segmentation",
     "token_gae": ".advantages",
     "token_offsets": ".alignment",
+    "TurnSplit": ".turns",
+    "place_turn_rewards": ".turns",
+    "split_turns": ".turns",
+    "turn_counts": ".turns",
+    "turn_ends": ".turns",
+    "turn_index": ".turns",
     "value_loss": ".losses",
 }
 
@@ -173,4 +182,10 @@ __all__ = [
     "segment_weights",
     "token_gae",
     "value_loss",
+    "TurnSplit",
+    "place_turn_rewards",
+    "split_turns",
+    "turn_counts",
+    "turn_ends",
+    "turn_index",
 ]

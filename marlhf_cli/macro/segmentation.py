@@ -39,7 +39,7 @@ __all__ = [
     "missing_parser",
 ]
 
-RULE_NAMES = ("fixed", "randomized", "ppl", "parsing", "code")
+RULE_NAMES = ("fixed", "randomized", "ppl", "parsing", "code", "turn")
 TEXT_RULES = ("parsing", "code")
 BACKENDS = ("auto", "spacy", "stanza")
 # docs/method.md "Termination rules": the parsing rule's C = 5. The code rule's C_code: see code.DEFAULT_CODE_CUTOFF.
@@ -51,7 +51,9 @@ _DEFAULT_CUTOFF = {"parsing": DEFAULT_PARSING_CUTOFF, "code": DEFAULT_CODE_CUTOF
 class TerminationRule:
     """Which termination rule forms the macro actions, with its parameters.
 
-    - ``name``: one of ``fixed``, ``randomized``, ``ppl``, ``parsing``, ``code``.
+    - ``name``: one of ``fixed``, ``randomized``, ``ppl``, ``parsing``, ``code``, ``turn``
+      (an assistant turn of an episode is one macro action: :mod:`.turns`; a single
+      response, one turn, is then one segment).
     - ``n``: the fixed length (whole number >= 1, or ``math.inf`` for one segment per
       response); also the fallback length of the text rules (docs/method.md "Termination rules").
     - ``cutoff``: C, the most LM tokens a parse node / statement may span before it is
@@ -170,6 +172,8 @@ def segment_lengths(
         raise ValueError(f"length must be an int >= 0, got {length!r}")
     if rule.name == "fixed":
         return fixed_lengths(length, rule.n), False
+    if rule.name == "turn":  # one response is one turn
+        return fixed_lengths(length, math.inf), False
     if rule.name == "randomized":
         return randomized_lengths(length, _mix_seeds(rule.seed, sample_seed)), False
     if rule.name == "ppl":
@@ -389,9 +393,10 @@ def start_segment_batch(
         raise ValueError(f"mask must be [batch, time], got shape {tuple(mask.shape)}")
     batch = mask.shape[0]
     counts = mask.bool().sum(dim=1).tolist()
-    if rule.name == "fixed":  # vectorised: no per-sample lengths
-        ids = _fixed_segment_ids(mask, rule.n)
-        segments = sum(len(fixed_lengths(c, rule.n)) if c else 0 for c in counts)
+    if rule.name in ("fixed", "turn"):  # vectorised: no per-sample lengths (a response is one turn)
+        n = math.inf if rule.name == "turn" else rule.n
+        ids = _fixed_segment_ids(mask, n)
+        segments = sum(len(fixed_lengths(c, n)) if c else 0 for c in counts)
         return PendingSegments(mask, counts, [], 1, ready=(ids, SegmentStats(batch, segments, sum(counts), 0)))
 
     seeds = list(range(batch)) if sample_seeds is None else [int(s) for s in sample_seeds]

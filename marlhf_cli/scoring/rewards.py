@@ -46,13 +46,18 @@ class ScoringBatch:
     records: Sequence[dict] = field(default_factory=list)
 
 
-def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos) -> ScoringBatch:
-    """What a reward function reads of sampled responses: [prompt | response] ids and mask, texts."""
+def scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos, *,
+                  attention=None, responses=None) -> ScoringBatch:  # fmt: skip
+    """What a reward function reads of sampled responses: [prompt | response] ids and mask, texts.
+
+    ``attention`` [B, T]: the response columns the model reads where it is not ``mask`` (an
+    episode's observations are read, not drawn); ``responses``: their texts where decoding the
+    masked ids would not give them (an episode's transcript)."""
     sequences = torch.cat([prompt_ids, response_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)
+    attention_mask = torch.cat([prompt_mask, (mask if attention is None else attention).to(prompt_mask.dtype)], dim=1)
     return ScoringBatch(
         prompts=list(prompts),
-        responses=decode_responses(tokenizer, response_ids, mask),
+        responses=list(responses) if responses is not None else decode_responses(tokenizer, response_ids, mask),
         sequences=sequences,
         attention_mask=attention_mask,
         prompt_length=prompt_ids.shape[1],

@@ -135,6 +135,11 @@ SamplesPerPrompt = Annotated[Optional[int], _opt("--samples-per-prompt", "Respon
 McRollouts = Annotated[Optional[int], _opt("--mc-rollouts", "mc: continuations sampled from every inner boundary of a response (M); a boundary's value is their mean score. [default: 2]")]
 TreeBranches = Annotated[Optional[int], _opt("--tree-branches", "tree: children per node (K >= 2): the prompt and the end of each of the first D - 1 macro actions are followed by K samples. [default: 2]")]
 TreeDepth = Annotated[Optional[int], _opt("--tree-depth", "tree: macro actions per path before the rest of the response (D): a prompt's tree has K^D leaves, the responses a step trains on; D = 1 is a group of K responses with the group's mean return as baseline. [default: 2]")]
+# multi-turn episodes
+Env = Annotated[Optional[str], _opt("--env", "Train on multi-turn episodes: py:FILE.py:NAME names a class (or function) NAME(record, seed) that makes one environment per episode, with reset() -> the first user message and step(reply) -> (observation, reward, done). The policy's turns are trained on, the observations are read and never trained on, each turn's reward is placed at its last token. --termination turn makes each assistant turn one macro action; any other rule cuts inside turns. Your own code, run as it is (docs/environments.md). [default: none]")]
+MaxTurns = Annotated[Optional[int], _opt("--max-turns", "--env: assistant turns per episode at most; the episode ends after the last (its reward counts). [default: 4]")]
+MaxEpisodeTokens = Annotated[Optional[int], _opt("--max-episode-tokens", "--env: tokens after the prompt per episode, turns and observations together; an observation that leaves no room for another turn ends the episode. [default: --max-turns x --max-new-tokens, and 64 for each observation between turns]")]
+EnvTimeout = Annotated[Optional[float], _opt("--env-timeout", "--env: seconds an environment's call (making it, reset, step) may take; a call past it stops the run in one line, the last finished step checkpointed. [default: 30]")]
 McMaxBoundaries = Annotated[Optional[int], _opt("--mc-max-boundaries", "mc: at most B boundaries per response, spread evenly over the rule's (the segments between two kept ones merge), so a fine rule (ppl, parsing) costs at most B x M continuations per response. [default: every boundary]")]
 
 # Algorithm 1 / Table 5
@@ -166,7 +171,7 @@ MaxNewTokens = Annotated[Optional[int], _opt("--max-new-tokens", "Longest respon
 GenerationOption = Annotated[Optional[str], _opt("--generation", "How responses are sampled (ppo: rollouts, mc's continuations, tree rollouts and evaluation): eager (the model's forward from Python for every token), compiled (a static KV cache, each token's step recorded once as a CUDA graph and replayed: the same draws, one launch per token; on a CPU the same code without graphs) or auto (compiled on CUDA, eager on a CPU; the start-up line says which and the cache's size). A model or shape the static cache does not cover is sampled eagerly, said once. [default: auto]")]
 
 # macro actions
-Termination = Annotated[Optional[str], _opt("--termination", "Termination rule forming macro actions: fixed, randomized, ppl, parsing, code ('fixed --n 1' is vanilla PPO). [default: fixed]")]
+Termination = Annotated[Optional[str], _opt("--termination", "Termination rule forming macro actions: fixed, randomized, ppl, parsing, code ('fixed --n 1' is vanilla PPO), or turn (--env: each assistant turn one macro action; other rules cut inside turns). [default: fixed]")]
 N = Annotated[Optional[str], _opt("--n", "Segment length of the fixed rule and the text rules' fallback; 'inf' = one segment per response. [default: 5]")]
 Cutoff = Annotated[Optional[int], _opt("--cutoff", "Largest segment in tokens for parsing (C) and code (C_code). [default: 5 parsing, 10 code]")]
 ValueFunction = Annotated[Optional[str], _opt("--value-function", "Segment value from token values: equal (mean), unit (last), position, first. [default: equal]")]
@@ -236,6 +241,7 @@ PPO = {
     "advantage": Advantage,
     "samples_per_prompt": SamplesPerPrompt, "mc_rollouts": McRollouts, "mc_max_boundaries": McMaxBoundaries,
     "tree_branches": TreeBranches, "tree_depth": TreeDepth,
+    "env": Env, "max_turns": MaxTurns, "max_episode_tokens": MaxEpisodeTokens, "env_timeout": EnvTimeout,
     "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "value_head_init": ValueHeadInit,
     "critic_warmup_steps": CriticWarmupSteps, "clip_range": ClipRange,

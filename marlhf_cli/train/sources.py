@@ -29,7 +29,10 @@ def dpo_sources(config: Any, run_dir: RunDir) -> tuple[str, str]:
 def reward_specs(config) -> list[str]:
     """``--reward`` as a list, each ``model``, ``apps`` or ``py:FILE.py:FUNCTION``; by default
     ``apps`` for the APPS dataset (its reward is the tests' outcome, docs/method.md "Program
-    rewards") and ``model`` (the reward model) for everything else."""
+    rewards") and ``model`` (the reward model) for everything else; ``env`` with ``--env`` (the
+    environment rewards each turn)."""
+    if getattr(config, "env", None):
+        return ["env"]
     if config.reward:
         return reward_list(config.reward)
     return ["apps" if config.dataset == "apps" else "model"]

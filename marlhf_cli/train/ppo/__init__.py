@@ -67,6 +67,7 @@ from ..monitor import Monitor, as_logged
 from . import before_after, completions, credit, critic_fit, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
+from .episodes import episode_tokens
 from .estimators import CreditInputs, mc_cost
 from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
@@ -104,8 +105,12 @@ def _train(config, plan: RunPlan, reward_fn: RewardFn | None) -> dict[str, Any]:
     scores_with_model = reward_fn is None and uses_reward_model(config)
     head_notes = check_heads(policy=policy, reward_model=reward_model if scores_with_model else None, allow=config.allow_new_head)
     for model in dict.fromkeys((policy, reward_model)):  # before any weight loads
-        check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
-                      response_flag="--max-new-tokens")  # fmt: skip
+        if config.env:  # a whole episode after the prompt
+            check_context(model, config.max_prompt_length, episode_tokens(config), prompt_flag="--max-prompt-length",
+                          response_flag="--max-episode-tokens")  # fmt: skip
+        else:
+            check_context(model, config.max_prompt_length, config.max_new_tokens, prompt_flag="--max-prompt-length",
+                          response_flag="--max-new-tokens")  # fmt: skip
     check_rollout_memory(config, plan, policy)  # before any weight loads
     prompts = common.load_split(config, "ppo", config.max_records).require(STAGE, PROMPT_KINDS)
     root = checkpoint_root(run_dir, name)
@@ -216,18 +221,22 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
     segmentation: dict[str, Any] = {}  # the parse started on the pool, if any
 
     def start_segmentation(response_ids, mask):
-        if estimator.segments and estimator.draws is None:  # a tree's segments are its levels
+        # a tree's segments are its levels; an episode's are cut turn by turn (credit.segment_episodes)
+        if estimator.segments and estimator.draws is None and ctx.episodes is None:
             segmentation["pending"] = credit.start_segmentation(
                 ctx.rule, response_ids, mask, tokenizer=models.tokenizer, sample_seeds=sample_numbers, executor=ctx.executor
             )
 
+    draw = estimator.draws(ctx, step, sample_numbers) if estimator.draws else None
+    if ctx.episodes is not None:  # --env: each row an episode, its environment seeded by (seed, step, sample number)
+        draw = ctx.episodes.draw(ctx, step, records, sample_numbers)
     failure = None
     try:
         experience = make_experience(
             models.actor, models.reference, models.critic, models.reward, models.tokenizer,
             [ctx.chat.prompt(r) for r in records], records, ctx.rollout,
             device=models.device, sampler=sampler, on_sampled=start_segmentation,
-            draw=estimator.draws(ctx, step, sample_numbers) if estimator.draws else None,
+            draw=draw,
         )  # fmt: skip
     except UserError as error:  # a user's reward function failed: before this step's update
         failure = error

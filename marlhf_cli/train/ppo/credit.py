@@ -115,7 +115,10 @@ def segment_responses(
 ) -> tuple[torch.Tensor, SegmentStats]:
     """(segment ids [B, T] on the experience's device, stats): the termination rule's macro
     actions of every response. ``pending``: the segmentation :func:`start_segmentation` began
-    for these responses (waited for here); without it the rule runs now."""
+    for these responses (waited for here); without it the rule runs now. An episode's turns
+    are cut one by one (:func:`segment_episodes`)."""
+    if getattr(experience, "episode", None) is not None:
+        return segment_episodes(experience, rule, tokenizer=tokenizer, sample_seeds=sample_seeds, executor=executor, workers=workers)
     mask = experience.mask
     if pending is None:
         texts = spans = None
@@ -133,6 +136,34 @@ def segment_responses(
         )
     segment_ids, stats = pending.result()
     return segment_ids.to(mask.device), stats
+
+
+def segment_episodes(experience, rule: TerminationRule, *, tokenizer=None, sample_seeds=None, executor=None, workers: int = 0
+                     ) -> tuple[torch.Tensor, SegmentStats]:  # fmt: skip
+    """An episode's macro actions: each assistant turn one (``turn``), or any other rule run on
+    each turn as a response of its own, so that no segment crosses a turn's end (an observation
+    lies between). Turn t of the episode numbered s draws the ``randomized`` rule's lengths
+    from the seed (s, t)."""
+    from types import SimpleNamespace
+
+    from ...macro.turns import split_turns, turn_counts, turn_index
+    from ...seeding import derived_seed
+
+    mask = experience.mask
+    if rule.name == "turn":
+        counts = turn_counts(mask)
+        return turn_index(mask), SegmentStats(samples=int(mask.shape[0]), segments=int(counts.sum()), tokens=int(mask.sum()), fallbacks=0)
+    split = split_turns(mask)
+    numbers = list(range(mask.shape[0])) if sample_seeds is None else list(sample_seeds)
+    turns = SimpleNamespace(
+        mask=split.mask(), response_ids=split.gather(experience.response_ids, fill=tokenizer.pad_token_id if tokenizer else 0),
+        ref_logp=None if experience.ref_logp is None else split.gather(experience.ref_logp, fill=0.0),
+    )  # fmt: skip
+    seeds = [derived_seed(numbers[int(row)], int(turn)) for row, turn in zip(split.row, split.turn)]
+    turn_ids, stats = segment_responses(turns, rule, tokenizer=tokenizer, sample_seeds=seeds, executor=executor, workers=workers)
+    return split.join_segments(turn_ids).to(mask.device), SegmentStats(
+        samples=int(mask.shape[0]), segments=stats.segments, tokens=stats.tokens, fallbacks=stats.fallbacks
+    )
 
 
 def assign_credit(

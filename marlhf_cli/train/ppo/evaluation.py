@@ -15,6 +15,7 @@ import torch
 
 from ... import engine as eng
 from ...data.records import one_per_prompt
+from ...episodes.rollout import transcript_text
 from ...errors import UserError
 from ...seeding import derived_seed
 from .. import common
@@ -93,6 +94,8 @@ def evaluate(ctx: Any, records: Sequence[dict], step: int) -> tuple[dict[str, fl
     }
     for key in (key for key in (rows[0] if rows else {}) if key.startswith("score_")):  # several --reward
         metrics[key] = sum(r[key] for r in rows) / n
+    if rows and "turns" in rows[0]:  # --env: assistant turns per episode
+        metrics["turns"] = sum(r["turns"] for r in rows) / n
     return metrics, rows
 
 
@@ -101,6 +104,9 @@ def _score_shard(ctx: Any, mine: Sequence[dict], chunk: int, rank: int, processe
     config, models = ctx.config, ctx.models
     for start in range(0, len(mine), chunk):
         part = mine[start : start + chunk]
+        if ctx.episodes is not None:
+            _play_shard(ctx, part, [rank + (start + i) * processes for i in range(len(part))], sampler, rows)
+            continue
         prompts = [ctx.chat.prompt(r) for r in part]
         prompt_ids, prompt_mask, response_ids, mask, has_eos, _ = generate(
             sampler, models.tokenizer, prompts, ctx.rollout, device=models.device
@@ -116,3 +122,17 @@ def _score_shard(ctx: Any, mine: Sequence[dict], chunk: int, rank: int, processe
                 "score": float(scores[i]), **{key: float(part[i]) for key, part in parts.items()},
                 "length": int(lengths[i]), "eos": bool(has_eos[i]),
             })  # fmt: skip
+
+
+def _play_shard(ctx: Any, part: Sequence[dict], indices: Sequence[int], sampler, rows: list[dict]) -> None:
+    """--env: one episode per held-out record (its environment seeded by the record's place in
+    the held-out list, the same at every evaluation); the score is the episode's return, the
+    response its transcript, and ``episode`` its messages."""
+    drawn = ctx.episodes.held_out(ctx, sampler, part, indices)
+    returns, lengths, turns = drawn.returns(), drawn.mask.sum(dim=1).cpu(), drawn.turns
+    for i, record in enumerate(part):
+        rows.append({
+            "index": indices[i], **sample_prompt(record, drawn.prompts[i]), "response": transcript_text(drawn.transcripts[i]),
+            "episode": drawn.transcripts[i], "score": float(returns[i]), "length": int(lengths[i]), "eos": bool(drawn.has_eos[i]),
+            "turns": int(turns[i]),
+        })  # fmt: skip

@@ -31,7 +31,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from ...episodes.rollout import transcript_text
 from ...macro import kl_per_token
+from ...macro.turns import place_turn_rewards
 from ..forward import critic_values, policy_forward, resident, unwrap
 from ...scoring.rewards import RewardFn, scoring_batch
 from ...generation import SamplingParams, texts
@@ -111,6 +113,9 @@ class Experience:
     continuation_seconds: float = 0.0
     # --advantage tree: the TreeRollout the responses (its leaves) came from
     tree: object | None = None
+    # --env: the EpisodeBatch the rows came from (mask: the policy's turns; attention_mask also
+    # covers the observations between them), None for single responses
+    episode: object | None = None
 
     @property
     def batch_size(self) -> int:
@@ -204,21 +209,29 @@ def make_experience(
     # (0.26 at worst, SmolLM2-135M in bf16), enough to clip the first update's ratio, so
     # there the old log-probs come from a forward shaped like the training one, as before.
     from_sampling = _parameter_dtype(sampling_model) == torch.float32
-    tree = None
+    tree = episode = None
     if draw is None:
         prompt_ids, prompt_mask, response_ids, mask, has_eos, old_logp = generate(
             sampling_model, tokenizer, prompts, settings, device=device, with_logprobs=from_sampling
         )
-    else:  # a leaf's tokens were drawn by several sampler calls: one forward gives their log-probs
-        tree = draw(sampling_model, prompts)
+    else:  # a leaf's or an episode's tokens were drawn by several sampler calls: one forward gives their log-probs
+        drawn = draw(sampling_model, prompts)
         prompt_ids, prompt_mask, response_ids, mask, has_eos = (
-            tree.prompt_ids, tree.prompt_mask, tree.response_ids, tree.mask, tree.has_eos
+            drawn.prompt_ids, drawn.prompt_mask, drawn.response_ids, drawn.mask, drawn.has_eos
         )
         old_logp = None
+        if hasattr(drawn, "turn_rewards"):
+            episode, prompts = drawn, drawn.prompts
+        else:
+            tree = drawn
     generated = time.perf_counter()
     if on_sampled is not None:
         on_sampled(response_ids, mask)
-    batch = scoring_batch(tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos)
+    batch = scoring_batch(
+        tokenizer, prompts, records, prompt_ids, prompt_mask, response_ids, mask, has_eos,
+        attention=None if episode is None else episode.attention,
+        responses=None if episode is None else [transcript_text(t) for t in episode.transcripts],
+    )  # fmt: skip
     seq, att, plen = batch.sequences, batch.attention_mask, batch.prompt_length
     size, chunk = seq.shape[0], settings.forward_batch_size
     temperature = settings.temperature
@@ -236,10 +249,16 @@ def make_experience(
         values = batched_forward(lambda s: critic_values(critic, seq[s], att[s], plen), size, chunk)
     else:  # rloo / grpo: no critic, the baseline comes from the group
         values = torch.zeros_like(old_logp)
-    with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
-        raw_scores = reward_fn(batch).float().to(old_logp.device)
-    score_parts = {name: part.clone() for name, part in getattr(reward_fn, "last", {}).items()}  # mc's calls overwrite it
-    scores = final_scores(raw_scores, has_eos.to(raw_scores.device), settings.reward_clip, settings.missing_eos_penalty)
+    turn_rewards = None
+    if episode is not None:  # the environment scored each turn: clipped one by one, placed at each turn's end
+        raw_scores = episode.returns().float().to(old_logp.device)
+        turn_rewards = episode.turn_rewards.float().clamp(-settings.reward_clip, settings.reward_clip).to(old_logp.device)
+        score_parts, scores = {}, turn_rewards.sum(dim=1)
+    else:
+        with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
+            raw_scores = reward_fn(batch).float().to(old_logp.device)
+        score_parts = {name: part.clone() for name, part in getattr(reward_fn, "last", {}).items()}  # mc's calls overwrite it
+        scores = final_scores(raw_scores, has_eos.to(raw_scores.device), settings.reward_clip, settings.missing_eos_penalty)
 
     real = mask.bool()
     zero = torch.zeros((), device=old_logp.device)
@@ -250,7 +269,10 @@ def make_experience(
         ref_logp = torch.where(real, ref_logp, zero)
         kl_k1 = torch.where(real, kl_per_token(old_logp, ref_logp, "k1"), zero)
         kl = torch.where(real, kl_per_token(old_logp, ref_logp, settings.kl_estimator), zero)
-    rewards = place_rewards(kl, scores, mask, settings.kl_coef)
+    if turn_rewards is None:
+        rewards = place_rewards(kl, scores, mask, settings.kl_coef)
+    else:
+        rewards = place_turn_rewards(place_rewards(kl, torch.zeros_like(scores), mask, settings.kl_coef), turn_rewards, mask)
     return Experience(
         prompts=list(prompts),
         responses=batch.responses,
@@ -273,4 +295,5 @@ def make_experience(
         generation_seconds=generated - started,
         scoring_seconds=time.perf_counter() - generated,
         tree=tree,
+        episode=episode,
     )

@@ -54,6 +54,7 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         "continuations": float(experience.continuations),
         "continuation_tokens": float(experience.continuation_tokens),
         "shared_prefix_tokens": float(experience.tree.shared_tokens if experience.tree is not None else 0),
+        **_episode_sums(experience),
         **{f"part:{name}": float(part.sum()) for name, part in experience.score_parts.items()},
         **{f"update:{k}": v for k, v in update_stats.items()},
         **{f"time:{k}": v for k, v in timings.items()},
@@ -92,6 +93,10 @@ def reduce_metrics(experience, update_stats: dict[str, float], timings: dict[str
         out["kl"] = total["kl"] / samples  # sequence KL(pi || ref), k1 estimate: unbiased, negative at times
         out["kl_k3"] = total["kl_k3"] / samples  # the same, k3 estimate: unbiased and never negative (the table's)
         out["kl_estimate"] = total["kl_estimate"] / samples  # the estimator used in the reward
+    if "episode:turns" in total:  # --env: the episodes' shape
+        out["turns"] = total["episode:turns"] / samples
+        out["truncated_rate"] = total["episode:truncated"] / samples  # ended by a budget, not by the environment
+        out["observation_tokens"] = total["episode:observation_tokens"] / samples
     if experience.lambdas is not None:  # gae: the actor's lambda, its mean over responses (--lam adaptive varies)
         out["gae_lambda"] = total["gae_lambda"] / samples
     if experience.returns is not None:
@@ -176,3 +181,12 @@ def final_metrics(last: dict, history: list[dict], durations: list[float], start
     if start:
         metrics["resumed_from_step"] = start
     return metrics
+
+
+def _episode_sums(experience) -> dict[str, float]:
+    """An episode batch's turns, truncations and observation tokens (nothing for single responses)."""
+    episode = getattr(experience, "episode", None)
+    if episode is None:
+        return {}
+    return {"episode:turns": float(episode.turns.sum()), "episode:truncated": float(episode.truncated.float().sum()),
+            "episode:observation_tokens": float((episode.attention - episode.mask).sum())}  # fmt: skip

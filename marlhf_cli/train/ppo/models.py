@@ -15,6 +15,7 @@ from . import value_head
 from .sampling_copy import GenerationModel
 from ...scoring.rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
 from ..sources import reward_specs, reward_weights
+from .episodes import episode_tokens
 from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps
 
 
@@ -154,7 +155,7 @@ def check_rollout_memory(config, plan: RunPlan, policy: str) -> None:
 
     architecture = model_config(policy)
     rows = max(plan.responses_per_step // eng.world_size(), 1)
-    length = config.max_prompt_length + config.max_new_tokens
+    length = config.max_prompt_length + (episode_tokens(config) if config.env else config.max_new_tokens)
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     need, free = bucket_bytes(architecture, rows, length, dtype, architecture.vocab_size), free_bytes(device)

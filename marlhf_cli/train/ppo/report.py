@@ -132,7 +132,7 @@ def print_final_table(name: str, history: list[dict], metrics: dict) -> None:
 
 
 _DERIVED_NAME = re.compile(
-    r"(?:(?P<mc>mc-)|(?P<tree>tree-))?(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|rloo|grpo)"
+    r"(?:(?P<mc>mc-)|(?P<tree>tree-))?(?P<rule>vanilla|fixed(?P<n>\d+|-inf)|randomized|ppl|parsing|code|turn|rloo|grpo)"
     r"(?:-(?P<value>unit|position|first))?(?:-m(?P<m>\d+))?(?:-b(?P<b>\d+))?(?:-d(?P<d>\d+))?(?P<macro>-macro-ratio)?"
     r"(?:-k(?P<k>\d+))?"
 )

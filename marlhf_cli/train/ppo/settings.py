@@ -152,6 +152,10 @@ def make_rewards(config) -> list[tuple[str, RewardFn | None]]:
     for spec in reward_specs(config):
         if spec == "model":
             out.append(("model", None))
+        elif spec == "env":
+            from .episodes import EnvironmentReward
+
+            out.append(("env", EnvironmentReward(config.env)))  # never called: the episodes carry their rewards
         elif spec == "apps":
             from ...rewards.apps import AppsReward
 
@@ -166,7 +170,21 @@ def make_rewards(config) -> list[tuple[str, RewardFn | None]]:
     return out
 
 
+def _check_episodes(config, plan: RunPlan) -> None:
+    """--env's combinations: what does not apply to episodes, or not yet."""
+    if not config.env:
+        return
+    if plan.estimator.name in ("mc", "tree"):
+        raise UserError(f"--advantage {plan.estimator.name} does not run on --env episodes yet (it would copy an environment "
+                        "mid-episode): use gae, rloo or grpo")  # fmt: skip
+    if config.reward:
+        raise UserError("--reward does not apply with --env: an episode's rewards are its environment's (step() returns them)")
+    if config.missing_eos_penalty:
+        raise UserError("--missing-eos-penalty does not apply with --env: an environment rewards or penalises each turn itself")
+
+
 def _check_combinations(config, plan: RunPlan) -> None:
+    _check_episodes(config, plan)
     k, responses = plan.group_size, plan.responses_per_step
     if k < (1 if plan.critic else 2):
         least = "1" if plan.critic else "2 (a group baseline needs other responses)"
@@ -194,6 +212,8 @@ def fingerprint(config, plan: RunPlan, prompts: int) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it."""
     keys = ("seed", "rollout_batch_size", "mini_batch_size", "ppo_epochs", "max_steps", "termination", "n",
             "value_function", "ratio", "policy", "reward_model", "reward", "reward_weights", "advantage")  # fmt: skip
+    if config.env:  # an episode's budgets decide what a step draws (absent otherwise: earlier checkpoints still match)
+        keys += ("env", "max_turns", "max_episode_tokens", "max_new_tokens")
     return {"name": plan.name, "prompts": prompts, "samples_per_prompt": plan.group_size, **{k: getattr(config, k) for k in keys}}
 
 
