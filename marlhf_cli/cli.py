@@ -215,7 +215,7 @@ def dpo(**shared: Any) -> None:
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(options.ALLOW_NEW_HEAD, options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.EPISODES, options.ALLOW_NEW_HEAD, options.RUN_DIR, options.COMMON)
 def bon(
     policy: eval_flags.BonPolicy = None,
     reward_model: eval_flags.BonRewardModel = None,
@@ -246,7 +246,8 @@ def bon(
     Samples the largest N once per temperature and estimates smaller N from the same samples;
     writes bon/<name>.json, bon/<name>-best.jsonl, plots/bon-<name>.png; a rerun skips finished temperatures.
     Several policies, comma-separated, each get their own sweep on the same prompts and one table
-    side by side (with --n 1, the paper's Table 7). Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16
+    side by side (with --n 1, the paper's Table 7). With --env, each sample is an episode with your
+    environment and its score the episode's return. Examples: marlhf bon --policy ppo/fixed5 --n 4,8,16
     --temperature 0.2,0.6,1.0; marlhf bon --policy sft,dpo,ppo/rloo,ppo/vanilla,ppo/fixed5 --n 1 --temperature 0.8
     """
     config = options.resolve_config(
@@ -316,7 +317,7 @@ def judge(
 
 @app.command(cls=GroupedHelp)
 @options.user_errors
-@options.with_flags(options.RUN_DIR, options.COMMON)
+@options.with_flags(flags.EPISODES, options.RUN_DIR, options.COMMON)
 def passk(
     model: passk_flags.Model = None,
     name: passk_flags.Name = None,
@@ -347,7 +348,9 @@ def passk(
 
     Samples n programs per problem and runs them against the problem's tests in a sandbox.
 
-    Writes passk/<name>.json and passk/<name>-samples.jsonl. Examples: marlhf passk --model ppo/fixed10 --n 5 --k 1,5;
+    With --env, each sample is an episode with your environment (pass@k with feedback turns), passing
+    at a return of 1 or more. Writes passk/<name>.json and passk/<name>-samples.jsonl. Examples:
+    marlhf passk --model ppo/fixed10 --n 5 --k 1,5;
     marlhf passk --model tiny --data-file problems.jsonl --n 2 --k 1,2 --max-new-tokens 64
     """
     config = options.resolve_config(

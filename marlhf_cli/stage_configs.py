@@ -242,6 +242,10 @@ class BonConfig(CommonConfig, DataConfig):
     generation: str = "auto"  # as PPOConfig.generation
     normalize: bool = False  # report (score - mean) / std with the statistics rm/ stored
     max_records: int | None = 64  # ours: distinct evaluation prompts
+    env: str | None = None  # py:FILE.py:NAME: each sample an episode, scored by its return (as ppo --env)
+    max_turns: int = 4
+    max_episode_tokens: int | None = None
+    env_timeout: float = 30.0
     allow_new_head: bool = False  # a causal LM as the reward model, a reward model as the policy: refused unless set
 
 
@@ -296,6 +300,10 @@ class PassKConfig(CommonConfig):
     batch_size: int = 8  # sequences per generation batch
     generation: str = "auto"  # as PPOConfig.generation
     time_limit: float = 4.0  # ours (APPS's judge: 4 s): CPU seconds per test (sandbox.Limits.time)
+    env: str | None = None  # py:FILE.py:NAME: each sample an episode (pass@k with feedback turns), passing at a return of 1
+    max_turns: int = 4
+    max_episode_tokens: int | None = None
+    env_timeout: float = 30.0
     memory_mb: int = 1024  # ours: address-space limit per test
     workers: int | None = None  # parallel test processes; default: CPU count
     max_tests: int | None = None  # tests per problem; None = all

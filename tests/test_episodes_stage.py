@@ -49,6 +49,7 @@ def _rows(run_dir: Path, name: str) -> list[dict]:
 
 def _episode_experience(ctx):
     """A step's rollout as ppo_step makes it, credit assigned (step 0)."""
+    from marlhf_cli.train.ppo import episodes
     from marlhf_cli.train.ppo.estimators import CreditInputs
     from marlhf_cli.train.ppo.experience import make_experience
 
@@ -57,7 +58,7 @@ def _episode_experience(ctx):
     torch.manual_seed(0)
     experience = make_experience(
         models.actor, models.reference, models.critic, models.reward, models.tokenizer, [ctx.chat.prompt(r) for r in records],
-        records, ctx.rollout, device=models.device, sampler=models.sampler.model(), draw=ctx.episodes.draw(ctx, 0, records, numbers),
+        records, ctx.rollout, device=models.device, sampler=models.sampler.model(), draw=episodes.draw(ctx, 0, records, numbers),
     )  # fmt: skip
     ctx.estimator.assign(experience, CreditInputs(ctx, 0, numbers, models.sampler.model()))
     return experience
@@ -248,3 +249,54 @@ def test_program_repair_runs_on_the_embedded_apps_sample(tmp_path):
         said = [m["content"] for m in sample["episode"] if m["role"] == "user"][1:]
         assert len(said) == 2 and all("does not compile" in s or "Public test 1 fails" in s for s in said), said
         assert sample["turns"] == 3 and 0.0 <= sample["score"] <= 1.0
+
+
+@pytest.mark.slow
+def test_the_tiny_model_learns_the_letter_game():
+    """Learning on episodes, not only plumbing: the random-init tiny model plays the shipped
+    game (one-token turns, a turn per macro action, GAE over the turns), and its return rises
+    from wasting most turns (about -0.3: a random token starts with a to h 40% of the time) to
+    well above 0. Probed on a 2-core AMD EPYC, lr 0.04, 16 episodes a step: steps 16-25 gained
+    +0.47 to +0.54 over steps 1-5 (seeds 0-2); the threshold below leaves room."""
+    import tempfile
+
+    from marlhf_cli.train import ppo
+
+    with tempfile.TemporaryDirectory() as folder:
+        run = Path(folder)
+        ppo.run(_config(run, max_turns=4, max_new_tokens=1, max_episode_tokens=96, rollout_batch_size=16, mini_batch_size=16,
+                        temperature=1.0, top_k=0, kl_coef=0.0, actor_lr=0.04, critic_lr=0.04, max_steps=25, seed=0))  # fmt: skip
+        scores = [row["score"] for row in _rows(run, "turn") if row["split"] == "train"]
+    start, end = sum(scores[:5]) / 5, sum(scores[-10:]) / 10
+    print(f"mean return, steps 1-5 {start:.3f}, steps 16-25 {end:.3f}")
+    assert start < -0.1 and end > start + 0.3, scores
+
+
+def test_bon_and_passk_play_episodes(tmp_path):
+    """``bon --env``: each sample an episode, the best of N by its return; ``passk --env``:
+    pass@k with feedback turns (the shipped program_repair on the embedded APPS sample); both
+    keep every episode's messages."""
+    bon = CliRunner().invoke(app, [
+        "bon", "--policy", "tiny", "--env", GAME, "--dataset", GAMES, "--n", "1,2", "--temperature", "1.0", "--max-records", "2",
+        "--max-new-tokens", "2", "--max-turns", "3", "--run-dir", str(tmp_path)])  # fmt: skip
+    assert bon.exit_code == 0, bon.output
+    report = json.loads((tmp_path / "bon" / "tiny.json").read_text())
+    rows = json.loads((tmp_path / "bon" / "tiny" / "t1.json").read_text())["rows"]
+    assert report["reward"] == f"env {GAME}" and "mean episode return of the best of N" in bon.output.replace("\n", " ")
+    for row in rows:
+        for sample in row["samples"]:
+            turns = [m for m in sample["episode"] if m["role"] == "assistant"]
+            assert 1 <= len(turns) == sample["turns"] <= 3 and -0.75 <= sample["score"] <= 1.0
+    refused = CliRunner().invoke(app, ["bon", "--policy", "tiny", "--env", GAME, "--dataset", GAMES, "--reward-model", "tiny",
+                                       "--run-dir", str(tmp_path)])  # fmt: skip
+    assert refused.exit_code == 2 and "--reward-model does not apply with --env" in refused.output
+
+    repair = f"py:{ROOT / 'templates' / 'envs' / 'program_repair.py'}:ProgramRepair"
+    passk = CliRunner().invoke(app, [
+        "passk", "--model", "tiny", "--env", repair, "--max-turns", "3", "--n", "2", "--k", "1,2", "--max-new-tokens", "8",
+        "--max-prompt-length", "96", "--max-episode-tokens", "256", "--run-dir", str(tmp_path)])  # fmt: skip
+    assert passk.exit_code == 0, passk.output
+    samples = read_jsonl(tmp_path / "passk" / "tiny-samples.jsonl")
+    assert samples and all(s["turns"] == 3 and s["status"] == "failed" and s["episode"][0]["content"].startswith("QUESTION")
+                           for s in samples)  # fmt: skip
+    assert json.loads((tmp_path / "passk" / "tiny.json").read_text())["reward"] == f"env {repair}"

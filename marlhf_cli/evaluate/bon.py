@@ -7,7 +7,9 @@ N (for each N in --n) follows from those M scores with the unbiased estimator of
 
 ``--reward py:FILE.py:FUNCTION`` scores with the user's Python function instead of a reward
 model (:mod:`..rewards.function`; it sees each prompt's record, as in PPO), so best-of-N
-picks the response the function likes best.
+picks the response the function likes best. ``--env py:FILE.py:NAME`` makes each sample an
+episode with the user's environment (:mod:`marlhf_cli.episodes`, as ``ppo --env`` plays them),
+scored by its return: the best of N episodes per record.
 
 Sampling and scoring reuse the PPO stage's pieces, so scores are comparable with ``marlhf
 ppo``'s evaluation: prompts are rendered and encoded as in training (``--chat-template``, :mod:`marlhf_cli.chat`;
@@ -85,6 +87,8 @@ def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], 
     policy reads them, so another --chat-template samples again)."""
     digest = hashlib.sha256("\x00".join(prompts).encode("utf-8")).hexdigest()[:16]
     keys = ("seed", "top_k", "top_p", "max_prompt_length", "max_new_tokens", "normalize")
+    if config.env:  # an episode's budgets decide what a sample is
+        keys += ("env", "max_turns", "max_episode_tokens")
     return {"policy": policy, "reward_model": reward_model, "prompts": digest, "samples": samples,
             "temperature": temperature, **{k: getattr(config, k) for k in keys}}  # fmt: skip
 
@@ -97,9 +101,10 @@ def fingerprint(config, policy: str, reward_model: str, prompts: Sequence[str], 
 class Models:
     policy: Any
     tokenizer: Any
-    reward: Any  # callable(ScoringBatch) -> [B] scores
+    reward: Any  # callable(ScoringBatch) -> [B] scores; None with --env (an episode's return)
     device: Any
     chat: Any  # the policy's ChatFormat: how a record's prompt becomes text (--chat-template)
+    episodes: Any = None  # --env: marlhf_cli.episodes.Episodes
 
 
 class TextReward:
@@ -142,6 +147,10 @@ def load_models(config, policy: str, reward_model: str | None) -> Models:
     disable_dropout(model)
     model.eval().requires_grad_(False).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
+    if config.env:  # the environment scores each episode
+        from ..episodes import from_config
+
+        return Models(model, tokenizer, None, device, ChatFormat(tokenizer, config.chat_template), from_config(config))
     if reward_model is None:
 
         return Models(model, tokenizer, FunctionReward(config.reward), device, ChatFormat(tokenizer, config.chat_template))
@@ -176,6 +185,10 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
         torch.manual_seed(derived_seed(config.seed, STAGE, f"{temperature:g}"))
         for start in range(0, len(rows), config.batch_size):
             part = rows[start : start + config.batch_size]
+            if models.episodes is not None:
+                out.extend(_episodes(models, part, start, sampling, temperature, config))
+                advance(len(part), sum(s["score"] for s in out) / len(out))
+                continue
             prompts = [models.chat.prompt(r) for r in part]
             prompt_ids, prompt_mask, response_ids, mask, has_eos, _ = generate(
                 models.policy, models.tokenizer, prompts, sampling, max_prompt_length=config.max_prompt_length,
@@ -192,6 +205,21 @@ def sample_temperature(models: Models, records: Sequence[dict], temperature: flo
             advance(len(part), sum(s["score"] for s in out) / len(out))
     grouped = [{"prompt": r["prompt"], "samples": out[i * samples : (i + 1) * samples]} for i, r in enumerate(records)]
     return grouped
+
+
+def _episodes(models: Models, part: Sequence[dict], start: int, sampling, temperature: float, config) -> list[dict]:
+    """``--env``: one episode per row of ``part`` (rows ``start`` ... of the sweep at this
+    temperature, each environment seeded by the run's seed, the temperature and the row), its
+    return the score."""
+    from ..episodes.rollout import transcript_text
+
+    seeds = [derived_seed(config.seed, STAGE, f"{temperature:g}", "env", start + i) for i in range(len(part))]
+    drawn = models.episodes.play(models.policy, models.chat, part, seeds, sampling=sampling, max_prompt_length=config.max_prompt_length,
+                                 device=models.device)  # fmt: skip
+    returns, lengths, turns = drawn.returns().tolist(), drawn.mask.sum(dim=1).tolist(), drawn.turns.tolist()
+    return [{"prompt": record["prompt"], "response": transcript_text(drawn.transcripts[i]), "episode": drawn.transcripts[i],
+             "score": returns[i], "tokens": int(lengths[i]), "eos": bool(drawn.has_eos[i]), "turns": int(turns[i])}
+            for i, record in enumerate(part)]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,16 +266,21 @@ def run(config) -> dict[str, Any]:
     policy, default = run_dir.policy(config.policy)
     name = safe_name(config.name) if config.name else default
     function = is_function_spec(config.reward)
-    reward_model = None if function else config.reward_model or str(run_dir.require("rm"))
+    if config.env and (config.reward or config.reward_model):
+        raise UserError(f"--{'reward' if config.reward else 'reward-model'} does not apply with --env: an episode's score is its return")
+    reward_model = None if function or config.env else config.reward_model or str(run_dir.require("rm"))
     from ..models import check_heads
 
     for note in check_heads(policy=policy, reward_model=reward_model, allow=config.allow_new_head):
         err.print(note, highlight=False, soft_wrap=True)
-    scorer = f"reward function {config.reward}" if function else f"reward model {reward_model}"
+    scorer = (f"episodes with {config.env}, scored by their return" if config.env else
+              f"reward function {config.reward}" if function else f"reward model {reward_model}")  # fmt: skip
     prompts, source, distinct = load_prompts(config, err)
     if function:  # the fields it needs exist, and a changed file is not served stale scores
         FunctionReward(config.reward).check_records(prompts, f"the records of {source}")
         scored_by = f"{config.reward}@{file_digest(config.reward)}"
+    elif config.env:  # a changed environment plays other episodes
+        scored_by = f"{config.env}@{file_digest(config.env)}"
     else:
         scored_by = reward_model
     chat = ChatFormat(load_tokenizer(policy, padding_side="left"), config.chat_template)
@@ -280,7 +313,8 @@ def run(config) -> dict[str, Any]:
                 artifacts.write_json(_cache_path(run_dir, name, t), {"fingerprint": expected[t], "temperature": t, "rows": results[t]})
     summary = {t: summarize_temperature(results[t], ns) for t in temps}
     curves = {t: summary[t]["best_of"] for t in temps}
-    label = "reward-function score" if function else "normalised reward-model score" if config.normalize else "reward-model score"
+    label = ("episode return" if config.env else "reward-function score" if function else
+             "normalised reward-model score" if config.normalize else "reward-model score")  # fmt: skip
     plot = plots.best_of_n(curves, run_dir.plot_path(f"bon-{name}"), f"best of N: {name}", ylabel=label)
     best_rows = []
     for t in temps:
@@ -290,7 +324,7 @@ def run(config) -> dict[str, Any]:
     best_path = artifacts.write_jsonl(run_dir.path("bon", f"{name}-best.jsonl"), best_rows)
     best = {str(n): max(temps, key=lambda t: curves[t][n]["mean"]) for n in ns}
     report = {
-        "name": name, "policy": policy, "reward_model": reward_model, "reward": config.reward or "model",
+        "name": name, "policy": policy, "reward_model": reward_model, "reward": f"env {config.env}" if config.env else config.reward or "model",
         "source": source, "prompts": len(prompts),
         "samples_per_prompt": samples, "n": ns, "temperatures": temps, "normalized": config.normalize,
         "estimator": "unbiased expected maximum of N of M samples without replacement (marlhf_cli.evaluate.estimator)",
@@ -298,7 +332,8 @@ def run(config) -> dict[str, Any]:
         "best_temperature": best, "plot": str(plot), "chosen": str(best_path), "config": config_module.to_dict(config),
     }  # fmt: skip
     out = artifacts.write_json(run_dir.path("bon", f"{name}.json"), report)
-    tables.bon_table(name, curves, {t: summary[t]["mean_score"] for t in temps}, samples, len(prompts))
+    tables.bon_table(name, curves, {t: summary[t]["mean_score"] for t in temps}, samples, len(prompts),
+                     scored="episode return" if config.env else "reward-function score" if function else "reward-model score")  # fmt: skip
     for path in (out, best_path, plot):
         err.print(f"wrote {path}", highlight=False)
     top_n = str(max(ns))

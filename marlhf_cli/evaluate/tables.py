@@ -15,7 +15,8 @@ console = Console()
 JUDGE_ROWS = ("pairs", "win", "tie", "loss", "win rate [95% CI]", "ties as half", "length-controlled (ties half)", "sign test p", "unparsed", "failed")
 
 
-def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_scores: dict[float, float], samples: int, prompts: int) -> None:
+def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_scores: dict[float, float], samples: int, prompts: int,
+              scored: str = "reward-model score") -> None:  # fmt: skip
     """One row per temperature, one column per N, each cell the mean best-of-N score over
     its standard error (bold: the best temperature for that N). Where that is wider than
     the terminal (many N), one row per temperature and N instead: figures are never cut."""
@@ -28,7 +29,7 @@ def bon_table(name: str, curves: dict[float, dict[int, dict[str, float]]], mean_
         return f"[bold]{text}[/]" if best[n] == temp else text
 
     title = f"best of N: {name} ({count(prompts, 'prompt')}, {count(samples, 'sample')} each)"
-    caption = "mean reward-model score of the best of N samples, ± its standard error over prompts"
+    caption = f"mean {scored} of the best of N samples, ± its standard error over prompts"
     wide = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for label in ("temperature", "mean (N=1)", *(f"N={n}" for n in ns)):
         wide.add_column(label, justify="right", no_wrap=True)

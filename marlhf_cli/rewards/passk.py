@@ -12,7 +12,10 @@ With ``--reward py:FILE.py:FUNCTION`` the tests are the user's function instead
 (:mod:`.function`): any prompt dataset, each response scored by it, a response "passing"
 when it scores 1.0 or more (full marks, as an APPS program passing every test scores 1.0),
 and the table gains the mean score per difficulty (records without one count as
-``unknown``). Nothing runs in the sandbox then.
+``unknown``). Nothing runs in the sandbox then. With ``--env py:FILE.py:NAME`` each sample
+is an episode with the user's environment (:mod:`marlhf_cli.episodes`; the shipped
+``program_repair`` gives the sandbox's failures back as the next message), passing when its
+return is 1.0 or more: pass@k with feedback turns.
 
 Outputs: ``passk/<name>.json`` (settings, the table, per-problem outcomes, the sandbox's
 isolation mode), ``passk/<name>-samples.jsonl`` (every program with its status and reward),
@@ -110,6 +113,24 @@ def sample_responses(model, tokenizer, device, prompts: Sequence[str], config, s
         yield start, decode_responses(tokenizer, response_ids, mask), ids
 
 
+def play_episodes(model, chat, device, records: Sequence[dict], owners: Sequence[int], config):
+    """``--env``: yield (start, transcripts, returns, [{"episode", "turns"}]) per batch of
+    ``config.batch_size`` episodes, sample i of problem ``owners[i]`` seeded by (seed, i)."""
+    from ..episodes import from_config
+    from ..episodes.rollout import transcript_text
+    from ..generation import SamplingParams
+    from ..seeding import derived_seed
+
+    episodes = from_config(config)
+    sampling = SamplingParams(config.temperature, config.top_k, config.top_p, config.max_new_tokens, generation=config.generation)
+    for start in range(0, len(owners), config.batch_size):
+        part = [records[i] for i in owners[start : start + config.batch_size]]
+        seeds = [derived_seed(config.seed, STAGE, "env", start + j) for j in range(len(part))]
+        drawn = episodes.play(model, chat, part, seeds, sampling=sampling, max_prompt_length=config.max_prompt_length, device=device)
+        played = [{"episode": t, "turns": int(n)} for t, n in zip(drawn.transcripts, drawn.turns.tolist())]
+        yield start, [transcript_text(t) for t in drawn.transcripts], drawn.returns().tolist(), played
+
+
 def print_table(name: str, rows: list[dict], ks: Sequence[int], console) -> None:
     from rich.table import Table
 
@@ -161,8 +182,11 @@ def run(config) -> dict[str, Any]:
     function = FunctionReward(config.reward) if is_function_spec(config.reward) else None
     if function is not None:
         function.check_records(records, f"the records of {loaded.source}")
-    iso = sb.isolation() if function is None else None
-    judged_by = f"sandbox {iso.describe()}" if iso else f"scored by {config.reward} (passes at {PASS_SCORE:g} or more)"
+    if config.env and function is not None:
+        raise UserError("--reward does not apply with --env: an episode's score is its return")
+    iso = sb.isolation() if function is None and not config.env else None
+    judged_by = (f"sandbox {iso.describe()}" if iso else f"episodes with {config.env} (a sample passes at a return of {PASS_SCORE:g} or more)"
+                 if config.env else f"scored by {config.reward} (passes at {PASS_SCORE:g} or more)")  # fmt: skip
     problems = count(len(records), "problem") if len(records) == loaded.available else f"{len(records)} of the {loaded.available} problems"
     console.print(f"passk '{name}': {policy}, {problems} x {count(config.n, 'sample')} from {loaded.source}; {judged_by}",
                   highlight=False, soft_wrap=True)  # fmt: skip
@@ -189,8 +213,10 @@ def run(config) -> dict[str, Any]:
     prompts = [chat.prompt(records[i]) for i in owners]
     responses: list[str] = [""] * len(prompts)
     results: list[apps.ProgramResult | None] = [None] * len(prompts)
-    scores: list[float] = [0.0] * len(prompts)  # a reward function's, when it judges
-    judge = None if function else apps.Judge(
+    scores: list[float] = [0.0] * len(prompts)  # a reward function's, or an episode's return, when it judges
+    episodes: list[dict] = [{} for _ in prompts]  # --env: each sample's messages and turns
+    scored = function is not None or bool(config.env)
+    judge = None if scored else apps.Judge(
         limits=sb.Limits(time=config.time_limit, memory_mb=config.memory_mb), max_workers=config.workers,
         max_tests=config.max_tests,
     )  # fmt: skip
@@ -212,7 +238,14 @@ def run(config) -> dict[str, Any]:
             pending = []
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(derived_seed(config.seed, STAGE))
-                for start, texts, token_ids in sample_responses(model, tokenizer, device, prompts, config, chat.stop_ids):
+                if config.env:
+                    for start, texts, returns, played in play_episodes(model, chat, device, records, owners, config):
+                        responses[start : start + len(texts)], scores[start : start + len(texts)] = texts, returns
+                        episodes[start : start + len(texts)] = played
+                        passed[0] += sum(score >= PASS_SCORE for score in returns)
+                        progress.update(sampling, advance=len(texts))
+                        progress.update(testing, advance=len(texts), note=f"{passed[0]} passed")
+                for start, texts, token_ids in ([] if config.env else sample_responses(model, tokenizer, device, prompts, config, chat.stop_ids)):
                     responses[start : start + len(texts)] = texts
                     if function is not None:  # here, in order: the user's function need not be thread-safe
                         end = start + len(texts)
@@ -234,10 +267,10 @@ def run(config) -> dict[str, Any]:
     rows = []
     for index, (owner, response, result) in enumerate(zip(owners, responses, results)):
         row = {"problem_id": ids[owner], "difficulty": _difficulty(records[owner]), "sample": index % config.n}
-        if function is not None:
+        if scored:
             passes = scores[index] >= PASS_SCORE
             per_problem_scores[ids[owner]].append(scores[index])
-            row |= {"status": "passed" if passes else "failed", "reward": scores[index], "response": response}
+            row |= {"status": "passed" if passes else "failed", "reward": scores[index], "response": response, **episodes[index]}
         else:
             assert result is not None
             passes = result.all_passed
@@ -250,7 +283,7 @@ def run(config) -> dict[str, Any]:
         rows.append(row)
     difficulties = {ids[i]: _difficulty(records[i]) for i in range(len(records))}
     table = apps.passk_table(per_problem, difficulties, ks)
-    if function is not None:
+    if scored:
         add_mean_scores(table, per_problem_scores, difficulties)
     print_table(name, table, ks, Console(highlight=False))  # stdout, as every command's table
     overall = next(row for row in table if row["difficulty"] == "all")
@@ -259,7 +292,8 @@ def run(config) -> dict[str, Any]:
         "source": loaded.source, "problems": len(records), "n": config.n, "k": ks,
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
         "max_new_tokens": config.max_new_tokens, "time_limit": config.time_limit, "seconds": round(seconds, 2),
-        "reward": config.reward or "apps", "sandbox": iso.describe() if iso else None, "table": table,
+        "reward": f"env {config.env}" if config.env else config.reward or "apps", "sandbox": iso.describe() if iso else None,
+        "table": table,
         "mean_reward": sum(r["reward"] for r in rows) / len(rows),
         "per_problem": [{"problem_id": pid, "difficulty": difficulties[pid], "passed": per_problem[pid]} for pid in ids],
     }  # fmt: skip

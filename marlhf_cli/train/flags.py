@@ -234,6 +234,7 @@ ENGINE = {
     "offload_params": OffloadParamsOption, "lr_scheduler": SchedulerOption, "warmup_ratio": WarmupOption,
     "weight_decay": WeightDecayOption, "max_grad_norm": MaxGradNormOption, "nproc": NprocOption,
 }  # fmt: skip
+EPISODES = {"env": Env, "max_turns": MaxTurns, "max_episode_tokens": MaxEpisodeTokens, "env_timeout": EnvTimeout}  # ppo, bon
 LORA = {"lora_rank": LoraRankOption, "lora_alpha": LoraAlphaOption, "lora_targets": LoraTargetsOption}  # ppo
 LORA_TRAINING = {**LORA, "lora_dropout": LoraDropoutOption}  # sft and rm
 PPO = {
@@ -241,7 +242,7 @@ PPO = {
     "advantage": Advantage,
     "samples_per_prompt": SamplesPerPrompt, "mc_rollouts": McRollouts, "mc_max_boundaries": McMaxBoundaries,
     "tree_branches": TreeBranches, "tree_depth": TreeDepth,
-    "env": Env, "max_turns": MaxTurns, "max_episode_tokens": MaxEpisodeTokens, "env_timeout": EnvTimeout,
+    **EPISODES,
     "rollout_batch_size": RolloutBatch, "mini_batch_size": MiniBatch,
     "ppo_epochs": PPOEpochs, "actor_lr": ActorLr, "critic_lr": CriticLr, "value_head_init": ValueHeadInit,
     "critic_warmup_steps": CriticWarmupSteps, "clip_range": ClipRange,

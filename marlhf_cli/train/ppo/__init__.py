@@ -64,10 +64,10 @@ from ...seeding import derived_seed
 from ...wording import count
 from .. import common
 from ..monitor import Monitor, as_logged
-from . import before_after, completions, credit, critic_fit, stopping, value_head
+from . import before_after, completions, credit, critic_fit, episodes, stopping, value_head
 from .checkpointing import check_resumable, checkpoint_root, extend, latest_common, mark_finished, resume, save
 from .context import Context, make_context
-from .episodes import episode_tokens
+from ...episodes import episode_tokens
 from .estimators import CreditInputs, mc_cost
 from .evaluation import evaluate, held_out_prompts
 from .experience import make_experience
@@ -229,7 +229,7 @@ def ppo_step(ctx: Context, step: int) -> dict[str, float]:
 
     draw = estimator.draws(ctx, step, sample_numbers) if estimator.draws else None
     if ctx.episodes is not None:  # --env: each row an episode, its environment seeded by (seed, step, sample number)
-        draw = ctx.episodes.draw(ctx, step, records, sample_numbers)
+        draw = episodes.draw(ctx, step, records, sample_numbers)
     failure = None
     try:
         experience = make_experience(

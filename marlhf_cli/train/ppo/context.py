@@ -60,7 +60,7 @@ class Context:
     executor: Any = None  # a process pool for the parsing/code rules (--parse-workers)
     chat: ChatFormat | None = None  # how a record's prompt becomes text; None: from --chat-template
     completions: list | None = None  # the last step's completions table (completions.py), at evaluation steps
-    episodes: Any = None  # --env: the run's episodes (episodes.Episodes), None for single responses
+    episodes: Any = None  # --env: the run's episodes (marlhf_cli.episodes.Episodes), None for single responses
 
     def evaluates(self, done: int) -> bool:
         """Whether the run evaluates (and logs its completions table) after ``done`` steps."""
@@ -93,7 +93,7 @@ def make_context(config, plan: RunPlan, models: Models, records: Sequence[dict])
     # a chat template's end-of-turn token ends a response as EOS does
     chat = ChatFormat(models.tokenizer, config.chat_template)
     rollout = RolloutSettings.from_config(config, forward_batch_size=micro, stop_token_ids=chat.stop_ids)
-    from .episodes import from_config as episodes_of
+    from ...episodes import from_config as episodes_of
 
     return Context(
         config=config, plan=plan, models=models, chat=chat, episodes=episodes_of(config),

@@ -128,7 +128,9 @@ def _play_shard(ctx: Any, part: Sequence[dict], indices: Sequence[int], sampler,
     """--env: one episode per held-out record (its environment seeded by the record's place in
     the held-out list, the same at every evaluation); the score is the episode's return, the
     response its transcript, and ``episode`` its messages."""
-    drawn = ctx.episodes.held_out(ctx, sampler, part, indices)
+    from .episodes import held_out
+
+    drawn = held_out(ctx, sampler, part, indices)
     returns, lengths, turns = drawn.returns(), drawn.mask.sum(dim=1).cpu(), drawn.turns
     for i, record in enumerate(part):
         rows.append({

@@ -15,7 +15,7 @@ from . import value_head
 from .sampling_copy import GenerationModel
 from ...scoring.rewards import RewardFn, RewardModelReward, WeightedRewards, score_statistics
 from ..sources import reward_specs, reward_weights
-from .episodes import episode_tokens
+from ...episodes import episode_tokens
 from .settings import RunPlan, make_rewards, micro_batch, optimizer_steps
 
 
