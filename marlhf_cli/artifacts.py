@@ -223,12 +223,20 @@ class RunDir:
         handle = open(path, "a+", encoding="utf-8")
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:  # held by another process
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
             elsewhere = "--run-dir, or --name" if key.startswith("ppo/") else "--run-dir"
             raise UserError(f"{key} in {self.root} is being written by {holder}: wait for it to end, or write elsewhere ({elsewhere})") from None
+        except OSError as error:  # a filesystem without locks (some NFS and FUSE mounts): say so, write unlocked
+            handle.close()
+            print(f"note: {path.parent} cannot be locked ({error.strerror or error}): nothing stops a second run from "
+                  f"writing {key} beside this one", file=sys.stderr)
+            handle = None
+        if handle is None:
+            yield
+            return
         handle.seek(0)
         handle.truncate()
         since = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -193,7 +193,7 @@ def resumable(root: str | Path) -> tuple[Path | None, list[str]]:
 def skipped_line(skipped: list[str], found: Path | None) -> str:
     """The start-up line of a --resume that passed over broken checkpoints."""
     to = f"resuming from {found.name}" if found is not None else "none is left to resume from"
-    return f"--resume: skipped {', '.join(skipped)}: {to}"
+    return f"--resume: skipped {', '.join(skipped)} (set aside as .damaged-<name>): {to}"
 
 
 def read_state(folder: str | Path) -> dict[str, Any]:
@@ -359,7 +359,7 @@ def retire(root: str | Path) -> None:
         return
     for stale in root.rglob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    for state_file in root.rglob(STATE_FILE):
+    for state_file in (f for f in root.rglob(STATE_FILE) if not f.parent.name.startswith(".damaged-")):  # those stay as found
         folder = state_file.parent
         state = read_state(folder)
         for item in folder.iterdir():

@@ -61,6 +61,8 @@ def problem(folder: str | Path, state_file: str) -> str | None:
         entries = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return f"{MANIFEST} is empty or not JSON"
+    if not isinstance(entries, dict) or not all(isinstance(r, dict) and {"bytes", "blake2b"} <= set(r) for r in entries.values()):
+        return f"{MANIFEST} holds no entries of sizes and checksums"
     for name, recorded in entries.items():
         path = folder / name
         if not path.is_file():
@@ -71,3 +73,17 @@ def problem(folder: str | Path, state_file: str) -> str | None:
         if digest(path) != recorded["blake2b"]:
             return f"{name} has changed since it was written (its checksum differs)"
     return None
+
+
+def set_aside(root: str | Path, newer_than: str, prefix: str) -> list[str]:
+    """Move the checkpoint folders under ``root`` named ``prefix...`` after ``newer_than`` (the
+    ones a --resume passed over as damaged) to ``.damaged-<name>``, out of what is listed,
+    pruned and resumed from, but kept to look at; their new names."""
+    moved = []
+    for folder in sorted(p for p in Path(root).glob(prefix + "*") if p.is_dir() and p.name > newer_than):
+        target, copy = folder.with_name(f".damaged-{folder.name}"), 1
+        while target.exists():
+            target, copy = folder.with_name(f".damaged-{copy}-{folder.name}"), copy + 1
+        folder.rename(target)
+        moved.append(target.name)
+    return moved

@@ -155,6 +155,18 @@ def preset_path(name: str) -> Path:
     return path
 
 
+def _shipped(data: Any) -> Any:
+    """A preset's ``templates/...`` (and ``py:templates/...``) values as the installed package's
+    files, so a preset that names a shipped prompt file or reward runs from any folder, not only
+    from a checkout's root (where ``templates/`` is a link to the same files)."""
+    if isinstance(data, dict):
+        return {key: _shipped(value) for key, value in data.items()}
+    if isinstance(data, str) and re.match(r"(py:)?templates/", data):
+        prefix, _, rest = data.partition("templates/")
+        return f"{prefix}{TEMPLATES_DIR / rest}"
+    return data
+
+
 def _stage_values(stage: str, data: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The keys of one config file that apply to ``stage``: top level, then its section."""
     cls = STAGES[stage]
@@ -195,7 +207,7 @@ def resolve(
     layers: list[tuple[str, Mapping[str, Any]]] = []
     if preset:
         path = preset_path(preset)
-        layers.append((str(path), read_config_file(path)))
+        layers.append((str(path), _shipped(read_config_file(path))))
     if config_file:
         layers.append((str(config_file), read_config_file(config_file)))
     for source, data in layers:

@@ -15,7 +15,6 @@ from marlhf_cli.artifacts import read_jsonl
 from marlhf_cli.cli import app
 from marlhf_cli.config import TEMPLATES_DIR, resolve
 
-REPO = TEMPLATES_DIR.parent.parent
 POSTS = TEMPLATES_DIR / "prompts" / "tldr-posts.jsonl"
 
 
@@ -38,13 +37,13 @@ def test_the_posts_are_tldr_prompts_the_reward_reads():
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_cpu_real_runs_its_path_on_the_tiny_model(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # the preset's paths are the repository's, as the README runs it
+    monkeypatch.chdir(tmp_path)  # not the repository's root: the preset names the installed package's files
     run = tmp_path / "run"
     args = ["ppo", "--preset", "cpu-real", "--policy", "tiny", "--max-steps", "2", "--eval-every", "2", "--eval-prompts", "6",
             "--rollout-batch-size", "4", "--mini-batch-size", "4", "--max-new-tokens", "8", "--run-dir", str(run)]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
-    assert "ppo: training on 48 of the 72 records of templates/prompts/tldr-posts.jsonl (ppo 66.7%, eval 33.3%" in result.output
+    assert "ppo: training on 48 of the 72 records of " in result.output and "/templates/prompts/tldr-posts.jsonl (ppo 66.7%, eval 33.3%" in result.output
     before, after = read_jsonl(run / "samples" / "fixed5-before.jsonl"), read_jsonl(run / "samples" / "fixed5.jsonl")
     held_out = {row["prompt"] for row in before}
     assert len(before) == 6 and held_out == {row["prompt"] for row in after}

@@ -33,7 +33,7 @@ def _log_sigmoid(x: float) -> float:
 
 def reference_loss(pc, pr, rc, rr, lc, lr, beta, kind, eps, alpha) -> float:
     margin = (pc - rc) - (pr - rr)
-    z = beta * margin - alpha * (lc - lr)
+    z = beta * margin + alpha * (lc - lr)  # R-DPO: the length difference joins the margin
     if kind == "ipo":
         return (z / beta - 1 / (2 * beta)) ** 2
     return -(1 - eps) * _log_sigmoid(z) - eps * _log_sigmoid(-z)
@@ -69,11 +69,19 @@ def test_the_losses_at_their_limits():
     big = PreferenceLoss(1e4)
     assert pair_losses(*_pair(0.5), big).item() == pytest.approx(0.0, abs=1e-12)
     assert pair_losses(*_pair(-0.5), big).item() == pytest.approx(1e4 * 0.5, rel=1e-6)
-    # alpha 0 and eps 0 are DPO exactly; a large alpha against a longer chosen costs alpha x d
+    # alpha 0 and eps 0 are DPO exactly; with a large alpha a pair won by the longer response
+    # costs nothing (its length explains it), one won by the shorter costs alpha x |d|
     plain = pair_losses(*_pair(1.3, (40, 12)), PreferenceLoss(0.1))
     assert torch.equal(pair_losses(*_pair(1.3, (40, 12)), PreferenceLoss(0.1, length_penalty=0.0, label_smoothing=0.0)), plain)
-    assert pair_losses(*_pair(1.3, (40, 12)), PreferenceLoss(0.1, length_penalty=10.0)).item() == pytest.approx(10.0 * 28 - 0.13, rel=1e-6)
-    assert pair_losses(*_pair(1.3, (12, 40)), PreferenceLoss(0.1, length_penalty=10.0)).item() == pytest.approx(0.0, abs=1e-9)
+    assert pair_losses(*_pair(1.3, (12, 40)), PreferenceLoss(0.1, length_penalty=10.0)).item() == pytest.approx(10.0 * 28 - 0.13, rel=1e-6)
+    assert pair_losses(*_pair(1.3, (40, 12)), PreferenceLoss(0.1, length_penalty=10.0)).item() == pytest.approx(0.0, abs=1e-9)
+    # and the gradient on the policy's log-ratio is smaller for the pair won by length
+    def pull(lengths):
+        h = torch.tensor([1.3], dtype=torch.float64, requires_grad=True)
+        logps = [-20.0 + h, *(torch.tensor([v], dtype=torch.float64) for v in (-30.0, -20.0, -30.0, *lengths))]
+        pair_losses(*logps, PreferenceLoss(0.1, length_penalty=0.05)).sum().backward()
+        return -float(h.grad)
+    assert 0 < pull((40, 12)) < pull((12, 40))
     # label smoothing: at eps the loss is the mix of both labels' losses
     z = 0.1 * 1.3
     smoothed = pair_losses(*_pair(1.3), PreferenceLoss(0.1, label_smoothing=0.2)).item()

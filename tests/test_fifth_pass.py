@@ -198,6 +198,8 @@ def test_resume_skips_a_damaged_checkpoint_for_the_whole_one_before_it(tmp_path)
 
     from test_ppo_resume import environment, kill_once_saved, run_here
 
+    from marlhf_cli import checkpoints
+
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_here(_sft(straight))
     proc = subprocess.Popen(_sft(killed), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -219,6 +221,10 @@ def test_resume_skips_a_damaged_checkpoint_for_the_whole_one_before_it(tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"--resume: skipped step-000004 ({why}" in resumed.stderr and "resuming from step-000002" in resumed.stderr
         assert _train_rows(run_dir) == _train_rows(straight), damage
+        # the damaged one is set aside, kept to look at: never counted among the two kept, never the latest
+        folder = run_dir / "sft" / "checkpoints"
+        assert (folder / ".damaged-step-000004").is_dir()
+        assert "damaged" not in checkpoints.latest_checkpoint(folder).name
 
 
 def test_every_checkpoint_damaged_is_one_line(tmp_path):
@@ -236,6 +242,8 @@ def test_every_checkpoint_damaged_is_one_line(tmp_path):
     found, skipped = checkpoints.resumable(root)
     assert found is None and [s.split(" ")[0] for s in skipped] == ["step-000004", "step-000002"]
     assert "weights.pt has changed since it was written" in skipped[0]
+    (root / "step-000002" / "manifest.json").write_text("[]")  # JSON, but not a manifest: a reason, not a traceback
+    assert checkpoints.resumable(root)[1][1] == "step-000002 (manifest.json holds no entries of sizes and checksums)"
 
 
 def test_ppo_resumes_the_newest_step_whose_actor_and_critic_are_both_whole(tmp_path):
@@ -380,3 +388,32 @@ def test_a_step_too_large_for_the_machine_is_one_line_before_any_weight_loads(tm
     line = _error(result)
     assert "a step samples 8,000,000 responses" in line and "GiB is free" in line and "--tree-branches" in line
     assert not (tmp_path / "ppo").exists() and "policy tiny, reward" not in result.output  # no model was built
+
+
+def test_a_run_directory_that_cannot_be_locked_is_written_unlocked_with_a_note(tmp_path, monkeypatch, capsys):
+    """A filesystem without flock (some NFS and FUSE mounts answer ENOLCK) is not another
+    process holding the lock: the stage says so and writes, unlocked."""
+    import errno
+    import fcntl
+
+    from marlhf_cli.artifacts import RunDir
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunDir(tmp_path).writing("sft"):
+        written = True
+    assert written and "cannot be locked (No locks available)" in capsys.readouterr().err
+
+
+def test_a_diverged_loss_says_which_checkpoint_can_be_trusted():
+    """The step whose loss is not finite ran on the weights of the update before it: a
+    checkpoint written right after that update may hold them; an older one stands. Either way
+    the way on is a new run at a lower rate (a --resume repeats the same steps)."""
+    from marlhf_cli.train.loop import diverged
+
+    right_after, older = str(diverged("sft", 5, float("nan"), 4)), str(diverged("sft", 5, float("nan"), 2))
+    assert "the checkpoint of step 4 was written after the update before this loss and may hold diverged weights" in right_after
+    assert "the checkpoint of step 2 stands, but a --resume would repeat these steps" in older
+    assert all(message.endswith("start again with a lower --lr") for message in (right_after, older))

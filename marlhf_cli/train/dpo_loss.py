@@ -4,8 +4,11 @@ For a pair (prompt x, chosen y_w, rejected y_l) with the policy's and the frozen
 summed log-probs of each response, the implicit reward of a response is
 ``r(y) = beta * (log pi(y | x) - log pi_ref(y | x))`` and the log-ratio margin is
 ``h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))``. With ``d`` the
-length difference |y_w| - |y_l| in tokens and ``alpha`` the length penalty (R-DPO, Park et al.
-2024: the margin minus alpha times the length difference), ``z = beta * h - alpha * d``:
+length difference |y_w| - |y_l| in tokens and ``alpha`` the length penalty, ``z = beta * h +
+alpha * d``. The length term is R-DPO's (Park et al. 2024): a penalty of alpha per token in the
+objective makes the implicit reward ``beta * log-ratio + alpha * |y|``, so a preference is
+partly explained by the responses' lengths, and a pair won by the longer response pushes the
+policy's log-ratio less (its loss is already lower); a pair won by the shorter one pushes more:
 
 * ``sigmoid`` (DPO, Rafailov et al. 2023, the paper's baseline): ``-log sigmoid(z)``; with
   label smoothing ``eps`` (conservative DPO: each label flipped with probability eps)
@@ -56,7 +59,7 @@ def pair_losses(
 ) -> torch.Tensor:
     """One loss per pair, [B] float32 (module docstring); every argument is [B]."""
     margin = (policy_chosen.float() - reference_chosen.float()) - (policy_rejected.float() - reference_rejected.float())
-    z = loss.beta * margin - loss.length_penalty * (chosen_lengths.float() - rejected_lengths.float())
+    z = loss.beta * margin + loss.length_penalty * (chosen_lengths.float() - rejected_lengths.float())
     if loss.loss_type == "ipo":
         return (z / loss.beta - 1.0 / (2.0 * loss.beta)) ** 2
     eps = loss.label_smoothing

@@ -203,7 +203,7 @@ Reference = Annotated[Optional[str], _opt("--reference", "The frozen reference o
 Beta = Annotated[Optional[float], _opt("--beta", "beta > 0: the implicit reward is beta x (log pi - log pi_ref) of a response; larger keeps the policy nearer the reference. [default: 0.1, the paper's on TL;DR; --preset hh: 0.01]")]
 LossType = Annotated[Optional[str], _opt("--loss-type", "sigmoid (DPO, the paper's: -log sigmoid(beta x margin)) or ipo ((margin - 1 / (2 beta))^2, on summed log-probs). [default: sigmoid]")]
 LabelSmoothing = Annotated[Optional[float], _opt("--label-smoothing", "Conservative DPO: the share eps of pairs taken as mislabelled, in [0, 0.5) (sigmoid only). [default: 0]")]
-LengthPenalty = Annotated[Optional[float], _opt("--length-penalty", "R-DPO's alpha >= 0: the margin minus alpha x (chosen tokens - rejected tokens), so a longer chosen response earns less (every TL;DR preference set here prefers the longer summary). [default: 0]")]
+LengthPenalty = Annotated[Optional[float], _opt("--length-penalty", "R-DPO's alpha >= 0: alpha x (chosen tokens - rejected tokens) joins beta x the margin inside the sigmoid (a per-token penalty in the objective), so a pair won by the longer response pushes the policy less and one won by the shorter pushes it more (every TL;DR preference set here prefers the longer summary). [default: 0]")]
 DPO = {"policy": DpoPolicy, "reference": Reference, "beta": Beta, "loss_type": LossType, "label_smoothing": LabelSmoothing,
        "length_penalty": LengthPenalty}  # fmt: skip
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import checkpoints, engine as eng
+from .. import checkpoints, checksums, engine as eng
 from . import extending
 from ..errors import UserError
 from ..wording import count
@@ -257,6 +257,8 @@ def plan_resume(config: Any, run_dir, stage: str, task: Task, steps: int) -> Res
         if skipped:
             raise UserError(checkpoints.skipped_line(skipped, None) + f" (in {checkpoint_dir}); run without --resume to start again")
         raise checkpoints.nothing_to_resume(checkpoint_dir)
+    if skipped and eng.is_main():  # out of the way of what is kept, pruned and resumed next (still there to look at)
+        checksums.set_aside(checkpoint_dir, found.name, checkpoints.PREFIX)
     extension = extending.find(found, steps, [run_dir.stage_dir(stage)])
     expected = run_fingerprint(task, config, config.batch_size, steps)
     notes = ([checkpoints.skipped_line(skipped, found)] if skipped else []) + checkpoints.check_fingerprint(
@@ -344,9 +346,13 @@ def fit(
 def diverged(stage: str, step: int, loss: float, saved: int) -> UserError:
     """The error of a step whose loss is not finite: its update has already moved the weights
     (nothing of the present state is saved); the newest checkpoint, if any, stands."""
-    kept = f"the checkpoint of step {saved} stands (--resume continues from it)" if saved else "no checkpoint was written"
+    # a --resume takes the same options and would repeat the same steps: a lower rate is a new run. A
+    # checkpoint written right after the update before this loss may hold the weights that diverged
+    kept = ("no checkpoint was written" if not saved else
+            f"the checkpoint of step {saved} was written after the update before this loss and may hold diverged weights"
+            if saved == step - 1 else f"the checkpoint of step {saved} stands, but a --resume would repeat these steps")  # fmt: skip
     return UserError(f"{stage}: the loss of step {step} is {loss} (not finite), so training stopped: a learning rate too "
-                     f"high, or weights that were not finite from the start; {kept}")  # fmt: skip
+                     f"high, or weights that were not finite from the start; {kept}: start again with a lower --lr")  # fmt: skip
 
 
 def fit_stage(task: Task, engine, *, config: Any, run_dir, stage: str, inputs: dict, steps: int, plan: ResumePlan) -> tuple[FitResult, Monitor]:

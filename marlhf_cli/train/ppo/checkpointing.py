@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ... import checkpoints, engine as eng
+from ... import checkpoints, checksums, engine as eng
 from ...artifacts import RunDir
 from ...errors import UserError
 from .. import common, extending
@@ -72,6 +72,9 @@ def check_resumable(root: Path, expected: dict, config: Any, *, critic: bool) ->
         raise checkpoints.nothing_to_resume(root)
     if skipped:
         common.say(checkpoints.skipped_line(skipped, found[0]))
+        if eng.is_main():  # out of the way of what is kept, pruned and resumed next (still there to look at)
+            for role in ("actor", "critic") if critic else ("actor",):
+                checksums.set_aside(root / role, found[0].name, checkpoints.PREFIX)
     exports = [root.parent, root.parent / "critic"] if critic else [root.parent]  # ppo/<name>/ and its critic/
     extension = extending.find(found[0], config.max_steps, exports)
     checkpoints.check_fingerprint(found[0], expected, config, lengthen=extension is not None)  # notes: said at the start

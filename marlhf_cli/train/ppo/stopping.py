@@ -90,12 +90,13 @@ def stop(ctx: Any, error: UserError, root: Path, completed: int, saved: int, sta
     if getattr(error, "poisoned", 0):  # the weights diverged at that step's update: nothing of them is kept
         since = error.poisoned
         if saved and saved < since:
-            note = f"the checkpoint of step {saved} stands: rerun with --resume and a lower learning rate"
+            # (a --resume takes the same options and would repeat the same steps: a lower rate is a new run)
+            note = f"the checkpoint of step {saved} holds the last sound weights; start again with a lower --actor-lr or --critic-lr"
         elif saved:
             note = (f"the checkpoint of step {saved} holds the weights that diverged (at the update of step {since}): "
-                    "start again with a lower learning rate")  # fmt: skip
+                    "start again with a lower --actor-lr or --critic-lr")  # fmt: skip
         else:
-            note = "no checkpoint was written: rerun with a lower learning rate"
+            note = "no checkpoint was written: start again with a lower --actor-lr or --critic-lr"
     elif completed > saved:
         save(ctx, root, completed, state)
         note = f"stopped after step {completed}, whose checkpoint is saved: fix it, then rerun with --resume"
