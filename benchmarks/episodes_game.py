@@ -24,6 +24,12 @@ the results and every deviation):
 Each run is ``marlhf ppo --env`` through its own ``ppo.run`` (studies/credit/runs.py's
 workers); records are JSON files under ``--out`` (a rerun skips those it has). ``--quick``: 2
 seeds, 6 steps: the same path as a smoke test.
+
+``--cache``: the cost of playing episodes alone, each turn started from the keys and values
+the earlier turns kept against each turn reading its whole context again, in interleaved
+rounds in this process (SmolLM2-135M's shape, random init, fp32, one thread; 8 games of at
+most 4 turns of at most 24 tokens): the median seconds and their ratio, and whether both
+played the same episodes.
 """
 
 from __future__ import annotations
@@ -153,6 +159,55 @@ def plot(records: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+def cache_timing(rounds: int = 5, model_name: str = "random:smollm2-135m", games: int = 8, turns: int = 4, tokens: int = 24) -> None:
+    """``--cache`` (module docstring)."""
+    import json
+
+    import torch
+
+    from marlhf_cli import models
+    from marlhf_cli.chat import ChatFormat
+    from marlhf_cli.episodes.environment import Environments, load_factory
+    from marlhf_cli.episodes.rollout import play, started
+    from marlhf_cli.generation import SamplingParams
+
+    torch.set_num_threads(1)
+    chat = ChatFormat(models.load_tokenizer(model_name, padding_side="left"), "auto")
+    model = models.load_causal_lm(model_name).eval()
+    records = [json.loads(line) for line in GAMES.read_text().splitlines()[:games]]
+    factory = load_factory(GAME)
+    budget = turns * tokens + (turns - 1) * 64
+    sampling = SamplingParams(1.0, 0, 1.0, tokens, cache_length=256 + budget)
+
+    def once(keep: bool, seed: int):
+        torch.manual_seed(seed)
+        environments = Environments(GAME, factory, records, list(range(games)), timeout=30)
+        episodes = started(chat, environments, 256)
+        began = time.perf_counter()
+        play(model, chat, environments, episodes, sampling, max_turns=turns, max_episode_tokens=budget, device="cpu", keep_cache=keep)
+        return time.perf_counter() - began, episodes
+
+    seen: dict[bool, list[float]] = {True: [], False: []}
+    same = True
+    for round_ in range(rounds):
+        played = {}
+        for keep in (False, True):
+            seconds, played[keep] = once(keep, 100 + round_)
+            seen[keep].append(seconds)
+        same &= [e.tokens for e in played[True]] == [e.tokens for e in played[False]]
+    last = played[True]
+    context = max(len(e.prompt_row) + len(e.tokens) for e in last)
+    print(f"# {model_name}, {games} games, at most {turns} turns of {tokens} tokens; last round: "
+          f"{sum(len(e.replies) for e in last)} turns, {sum(e.drawn for e in last)} tokens drawn, the longest context "
+          f"{context} tokens; the same episodes both ways in every round: {same}")  # fmt: skip
+    print(f"| turns | s per batch, median of {rounds} | / reading again | per round |")
+    print("|---|---:|---:|---|")
+    base = statistics.median(seen[False])
+    for keep, label in ((False, "each reads its whole context again"), (True, "each starts from the kept keys and values")):
+        per_round = ", ".join(f"{t / b:.2f}" for t, b in zip(seen[keep], seen[False]))
+        print(f"| {label} | {statistics.median(seen[keep]):.2f} | {statistics.median(seen[keep]) / base:.2f} | {per_round} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -160,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "episodes")
     parser.add_argument("--plot", type=Path, default=BENCH / "episodes_game.png")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 6 steps: a smoke test")
+    parser.add_argument("--cache", action="store_true", help="only the cost of playing episodes with and without the kept cache")
     args = parser.parse_args(argv)
+    if args.cache:
+        print(H.machine_line())
+        cache_timing()
+        return 0
     steps = QUICK_STEPS if args.quick else STEPS
     if args.quick:
         args.seeds = min(args.seeds, 2)

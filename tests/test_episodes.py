@@ -224,7 +224,7 @@ def test_an_environment_that_misbehaves_is_one_line_naming_it(monkeypatch, behav
     with pytest.raises(UserError) as caught:
         environments = Environments("py:e.py:Scripted", _Scripted, [{}, {}], [1, 2], timeout=0.5)
         environments.reset()
-        environments.step({0: "a", 1: "b"}, 0)
+        environments.step({0: "a", 1: "b"}, {0: 0, 1: 0})
     message = str(caught.value)
     assert message.startswith("--env py:e.py:Scripted: ") and words in message and "\n" not in message, message
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
 GAME = f"py:{ROOT / 'templates' / 'envs' / 'guess_letter.py'}:GuessLetter"
 GAMES = str(ROOT / "templates" / "prompts" / "guess-letter.jsonl")
-VOLATILE = ("time", "step_time", "generation_time", "scoring_time", "credit_time", "training_time", "tokens_per_second",
+VOLATILE = ("time", "step_time", "generation_time", "scoring_time", "credit_time", "continuation_time", "training_time", "tokens_per_second",
             "generation_captures", "generation_replays")  # fmt: skip
 
 
@@ -110,6 +110,32 @@ def test_observations_carry_no_loss_no_value_loss_and_no_kl(tmp_path):
     for engine in ("actor", "critic"):
         before, after = getattr(first.models, engine).module, getattr(second.models, engine).module
         assert all(torch.equal(a, b) for a, b in zip(before.parameters(), after.parameters())), engine
+
+
+@pytest.mark.parametrize("generation", ["eager", "compiled"])
+def test_turns_started_from_the_kept_cache_are_the_episodes_of_reading_again(tmp_path, generation):
+    """Four-turn episodes played twice from one seed: each turn from the keys and values the
+    earlier turns kept (the previous turn's last token and the message read onto them), and
+    each turn reading its whole context again: the same tokens, replies and rewards."""
+    import dataclasses
+
+    from marlhf_cli.episodes.environment import Environments
+    from marlhf_cli.episodes.rollout import play, started
+
+    config = _config(tmp_path, max_turns=4, max_new_tokens=6, max_episode_tokens=96, temperature=1.0, rollout_batch_size=6)
+    ctx = _build(config)
+    records, _ = ctx.schedule.for_rank(0, 0, 1, 1)
+    sampling = dataclasses.replace(ctx.episodes._sampling(ctx.rollout.sampling, 64), generation=generation)
+    played = {}
+    for keep in (True, False):
+        torch.manual_seed(3)
+        environments = Environments(ctx.episodes.spec, ctx.episodes.factory, records, list(range(6)), timeout=10)
+        episodes = started(ctx.chat, environments, 64)
+        play(ctx.models.sampler.model(), ctx.chat, environments, episodes, sampling, max_turns=4, max_episode_tokens=96,
+             device="cpu", keep_cache=keep)  # fmt: skip
+        played[keep] = [(e.tokens, e.actions, e.replies, e.rewards) for e in episodes]
+    assert max(len(replies) for _, _, replies, _ in played[True]) >= 3, "no episode went to a third turn"
+    assert played[True] == played[False]
 
 
 ONE_TURN = '''
@@ -215,8 +241,8 @@ def test_sigkill_mid_run_then_resume_is_the_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--advantage", "mc"], "--advantage mc does not run on --env episodes yet"),
-    (["--advantage", "tree"], "--advantage tree does not run on --env episodes yet"),
+    (["--advantage", "tree"], "--advantage tree on --env episodes branches where turns end: add --termination turn (got "
+                              "--termination fixed)"),
     (["--reward", "model"], "--reward does not apply with --env"),
     (["--env", "py:no_such_file.py:Game"], "--env py:no_such_file.py:Game: no_such_file.py: file not found"),
     (["--env", "guess_letter.py"], "--env must be py:FILE.py:NAME"),

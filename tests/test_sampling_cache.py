@@ -157,6 +157,55 @@ def test_starting_from_an_earlier_calls_cache_draws_what_reading_the_prefix_draw
         sample(llama, ids[:, 1:], mask[:, 1:], params, start=start, **common)
 
 
+def test_compacted_rows_are_the_real_columns_moved_to_the_right_end():
+    from marlhf_cli.generation.cache_rows import CacheRows, compacted
+
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        rows = CacheRows([torch.randn(3, 2, 7, 4, generator=generator)], [torch.randn(3, 2, 7, 4, generator=generator)])
+        mask = (torch.rand(3, 7, generator=generator) < 0.6).long()
+        mask[:, -1] = 1
+        out = compacted(rows, mask)
+        width = int(mask.sum(dim=1).max())
+        for side in ("keys", "values"):
+            expected = torch.zeros(3, 2, width, 4)
+            for row in range(3):  # the plain loop
+                real = [c for c in range(7) if mask[row, c]]
+                for j, column in enumerate(real):
+                    expected[row, :, width - len(real) + j] = getattr(rows, side)[0][row, :, column]
+            assert torch.equal(getattr(out, side)[0], expected)
+
+
+def test_extended_rows_are_what_a_forward_over_the_whole_sequences_keeps(llama):
+    """Kept rows of different lengths, and new columns of different lengths read onto them (an
+    episode's next turn after the environment's message): the keys and values of every token
+    but each sequence's last, as one left-padded forward over the whole sequences gives them,
+    and a sampler call started from them draws what reading the sequences again draws."""
+    from marlhf_cli.generation.cache_rows import extended, from_dynamic
+
+    sequences = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21, 22, 23, 24]]
+    kept_lengths = [3, 6, 3]  # the rest, 4, 3 and 1 tokens, is new
+    ids, mask = _left_padded([s[:n] for s, n in zip(sequences, kept_lengths)])
+    out = llama(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+    kept = from_dynamic(getattr(out, "cache", None) or out.past_key_values)
+    new_ids, new_mask = _left_padded([s[n:] for s, n in zip(sequences, kept_lengths)])
+    start = extended(llama, kept, mask, new_ids, new_mask)
+    whole, whole_mask = _left_padded(sequences)
+    full = llama(input_ids=whole[:, :-1], attention_mask=whole_mask[:, :-1],
+                 position_ids=(whole_mask[:, :-1].cumsum(-1) - 1).clamp(min=0), use_cache=True)  # fmt: skip
+    reference = from_dynamic(getattr(full, "cache", None) or full.past_key_values)
+    real = whole_mask[:, :-1].bool()[:, None, :, None]
+    assert start.columns == whole.shape[1] - 1
+    for got, expected in zip(start.keys + start.values, reference.keys + reference.values):
+        torch.testing.assert_close(torch.where(real, got, 0), torch.where(real, expected, 0), rtol=0, atol=2e-5)
+        assert (got[~real.expand_as(got)] == 0).all()
+    params = SamplingParams(1.0, 0, 1.0, 6)
+    torch.manual_seed(1)
+    read_again = sample(llama, whole, whole_mask, params, eos_token_id=[], pad_token_id=0)
+    torch.manual_seed(1)
+    assert torch.equal(sample(llama, whole, whole_mask, params, eos_token_id=[], pad_token_id=0, start=start), read_again)
+
+
 def test_only_full_attention_caches_travel():
     from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 

@@ -5,6 +5,8 @@ its observations between them as one row of tokens. Below the stages that play e
 - ``environment.py``: the user's environment loaded by path; its calls, side by side in
   threads with a time limit; their returns checked (one line for anything wrong).
 - ``rollout.py``: playing a batch of episodes with a model (:class:`rollout.EpisodeBatch`).
+- ``branching.py``: episodes continued from inside others (trees at turn ends, Monte-Carlo
+  continuations), their environments replayed and checked.
 - :class:`Episodes`: what a command's episodes are (the environment and the budgets), from its
   options.
 """
@@ -31,14 +33,59 @@ class Episodes:
 
     def play(self, model, chat, records: Sequence[dict], seeds: Sequence[int], *, sampling, max_prompt_length: int, device):
         """One episode per record, each environment seeded with its seed: an EpisodeBatch."""
+        from .rollout import as_batch
+
+        episodes = self._started(model, chat, records, seeds, sampling=sampling, max_prompt_length=max_prompt_length, device=device)
+        return as_batch(episodes, chat.tokenizer.pad_token_id, device)
+
+    def continued(self, model, chat, records: Sequence[dict], starts: Sequence, *, sampling, max_prompt_length: int, device) -> list:
+        """The episodes ``starts`` (cut from others: :func:`.branching.cut`) played to their ends,
+        each against its environment replayed up to where it stands (``records``: theirs)."""
+        from .branching import replayed
+        from .rollout import play
+
+        environments = replayed(self.spec, self.factory, records, starts, timeout=self.timeout)
+        play(model, chat, environments, starts, self._sampling(sampling, max_prompt_length), max_turns=self.max_turns,
+             max_episode_tokens=self.max_episode_tokens, device=device)  # fmt: skip
+        return list(starts)
+
+    def play_trees(self, model, chat, records: Sequence[dict], seeds: Sequence[int], *, branches: int, depth: int, sampling,
+                   max_prompt_length: int, device):  # fmt: skip
+        """``--advantage tree``: a tree of K^D episodes per record (``records`` and ``seeds``: one
+        per tree; every episode of a tree plays the environment seeded with the tree's seed, so
+        that a node is one state of one game), branching at turn ends
+        (:func:`.branching.grow_trees`); an EpisodeBatch of the leaves with their
+        ``branch_positions``."""
+        import torch
+
+        from .branching import grow_trees
+        from .rollout import as_batch
+
+        roots = self._started(model, chat, [r for r in records for _ in range(branches)], [s for s in seeds for _ in range(branches)],
+                              sampling=sampling, max_prompt_length=max_prompt_length, device=device)  # fmt: skip
+        leaves, starts = grow_trees(
+            roots, records, branches=branches, depth=depth,
+            continued=lambda at, starts: self.continued(model, chat, at, starts, sampling=sampling,
+                                                        max_prompt_length=max_prompt_length, device=device),
+        )  # fmt: skip
+        batch = as_batch(leaves, chat.tokenizer.pad_token_id, device)
+        batch.branch_positions = torch.tensor(starts, dtype=torch.long, device=device).reshape(len(leaves), depth - 1)
+        return batch
+
+    def _started(self, model, chat, records, seeds, *, sampling, max_prompt_length: int, device) -> list:
+        """New episodes of ``records`` played to their ends."""
         from .environment import Environments
-        from .rollout import sample_episodes
+        from .rollout import play, started
 
         environments = Environments(self.spec, self.factory, records, seeds, timeout=self.timeout)
+        episodes = started(chat, environments, max_prompt_length)
+        play(model, chat, environments, episodes, self._sampling(sampling, max_prompt_length), max_turns=self.max_turns,
+             max_episode_tokens=self.max_episode_tokens, device=device)  # fmt: skip
+        return episodes
+
+    def _sampling(self, sampling, max_prompt_length: int):
         # the static cache holds a whole episode's context, not a prompt and one response
-        sampling = dataclasses.replace(sampling, cache_length=max_prompt_length + self.max_episode_tokens)
-        return sample_episodes(model, chat, environments, sampling, max_prompt_length=max_prompt_length, max_turns=self.max_turns,
-                               max_episode_tokens=self.max_episode_tokens, device=device)  # fmt: skip
+        return dataclasses.replace(sampling, cache_length=max_prompt_length + self.max_episode_tokens)
 
 
 def from_config(config) -> Episodes | None:

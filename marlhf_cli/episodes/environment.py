@@ -100,7 +100,7 @@ class Environments:
     """
 
     def __init__(self, spec: str, factory: Callable[..., Any], records: Sequence[dict], seeds: Sequence[int], *, timeout: float):
-        self.spec, self.timeout = spec, float(timeout)
+        self.spec, self.timeout, self.seeds = spec, float(timeout), list(seeds)
         self.instances = self._all("making the environment", [lambda r=r, s=s: factory(r, s) for r, s in zip(records, seeds)])
         for index, instance in enumerate(self.instances):
             for method in ("reset", "step"):
@@ -117,13 +117,15 @@ class Environments:
                                 "user message (a string)")  # fmt: skip
         return firsts
 
-    def step(self, replies: dict[int, str], turn: int) -> dict[int, Observation]:
-        """``step(reply)`` of the episodes in ``replies`` (episode index -> the assistant's reply)."""
+    def step(self, replies: dict[int, str], turns: dict[int, int]) -> dict[int, Observation]:
+        """``step(reply)`` of the episodes in ``replies`` (episode index -> the assistant's reply;
+        ``turns``: episode index -> the turn's number, 0-based, for the messages)."""
         order = list(replies)
-        returned = self._all("step()", [lambda i=i: self.instances[i].step(replies[i]) for i in order], order, turn)
-        return {i: observation(self.spec, r, f"(episode {i + 1}, turn {turn + 1})") for i, r in zip(order, returned)}
+        returned = self._all("step()", [lambda i=i: self.instances[i].step(replies[i]) for i in order], order, turns)
+        return {i: observation(self.spec, r, f"(episode {i + 1}, turn {turns[i] + 1})") for i, r in zip(order, returned)}
 
-    def _all(self, what: str, calls: Sequence[Callable[[], Any]], episodes: Sequence[int] | None = None, turn: int | None = None) -> list:
+    def _all(self, what: str, calls: Sequence[Callable[[], Any]], episodes: Sequence[int] | None = None,
+             turns: dict[int, int] | None = None) -> list:  # fmt: skip
         """Run ``calls`` side by side; their results in order, or the first failure as one line."""
         episodes = list(range(len(calls))) if episodes is None else list(episodes)
         results: list[Any] = [None] * len(calls)
@@ -142,10 +144,14 @@ class Environments:
         for index, thread in enumerate(threads):
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                at = f"episode {episodes[index] + 1}" + (f", turn {turn + 1}" if turn is not None else "")
+                at = self._where(episodes[index], turns)
                 raise UserError(f"{FLAG} {self.spec}: {what} did not return within {self.timeout:g} s ({at}; --env-timeout)")
         for index, err in enumerate(errors):
             if err is not None:
-                at = f"episode {episodes[index] + 1}" + (f", turn {turn + 1}" if turn is not None else "")
+                at = self._where(episodes[index], turns)
                 raise UserCodeError(f"{FLAG} {self.spec}: {what} raised {_one_line(err)} ({at})", details=user_traceback(err))
         return results
+
+    @staticmethod
+    def _where(episode: int, turns: dict[int, int] | None) -> str:
+        return f"episode {episode + 1}" + (f", turn {turns[episode] + 1}" if turns is not None else "")

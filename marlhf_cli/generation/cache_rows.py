@@ -11,10 +11,16 @@ and values of every column of its prompts but the last and runs its first forwar
 last column alone (the draw of the first token needs its logits).
 
 :func:`realigned` cuts rows out of the caches of several calls and lays them out as one
-left-padded batch, which is the only reshaping a caller needs: the real columns of a row are
+left-padded batch, which is the only reshaping a tree needs: the real columns of a row are
 contiguous in every call's layout (left padding, prompt, generated tokens), and a slice of them
 moved to the right end of a new row, with padding before it, is what the forward over the same
 tokens left-padded to that width would have given, up to float rounding.
+
+:func:`extended` reads several new columns onto kept rows, a different number per row (an
+episode's next turn starts after the environment's message: ``marlhf_cli.episodes.rollout``):
+one forward over the new columns, laid out after the kept ones with padding between them (the
+mask hides it; positions come from the mask), then :func:`compacted` moves each row's real
+columns together again, the layout a sampler call's ``start`` reads.
 
 Only plain full-attention caches travel (transformers' ``DynamicLayer``, and the compiled
 sampler's static cache): a sliding-window or recurrent layer keeps a state that is not one
@@ -28,6 +34,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from .draw import cache_argument, position_ids_from_mask, unwrap
 
 
 @dataclass
@@ -108,3 +116,47 @@ def to_dynamic(rows: CacheRows):
     for layer, (keys, values) in enumerate(zip(rows.keys, rows.values)):
         cache.update(keys.clone(), values.clone(), layer)
     return cache
+
+
+def compacted(rows: CacheRows, mask: torch.Tensor) -> CacheRows:
+    """Each row's columns where ``mask`` [rows, columns] is 1, in their order, moved to the right
+    end of a row as wide as the most of them, zeros before: a left-padded layout again."""
+    real = mask.bool().to(rows.keys[0].device)
+    width = int(real.sum(dim=1).max())
+    # a stable sort of "is real" puts a row's padding first and its real columns after, in order
+    columns = torch.argsort(real.to(torch.int8), dim=1, stable=True)[:, real.shape[1] - width :]
+    inside = real.gather(1, columns)
+    out = CacheRows([], [])
+    for have, put in ((rows.keys, out.keys), (rows.values, out.values)):
+        for tensor in have:
+            index = columns[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+            put.append(torch.where(inside[:, None, :, None], tensor.gather(2, index), 0))
+    return out
+
+
+@torch.no_grad()
+def extended(model, kept: CacheRows, kept_mask: torch.Tensor, new_ids: torch.Tensor, new_mask: torch.Tensor) -> CacheRows | None:
+    """The keys and values of ``kept`` (its rows' columns, ``kept_mask``) followed by those of
+    ``new_ids`` [rows, M] (left-padded, ``new_mask``) but the last column, compacted: row i's
+    real columns, right-aligned, all but the last token of its whole sequence, the ``start``
+    a sampler call over the whole sequences (left-padded) reads. None when the model's cache is
+    not one that travels (:func:`from_dynamic`)."""
+    if new_ids.shape[1] > 1:
+        net = unwrap(model)
+        was_training = net.training
+        net.eval()
+        mask = torch.cat([kept_mask, new_mask[:, :-1]], dim=1).long()
+        try:
+            out = net(
+                input_ids=new_ids[:, :-1], attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, kept.columns :],
+                use_cache=True, logits_to_keep=1, **{cache_argument(net): to_dynamic(kept)},
+            )  # fmt: skip
+        finally:
+            net.train(was_training)
+        cache = out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) else out.past_key_values
+        kept = from_dynamic(cache)
+        if kept is None:
+            return None
+    else:
+        mask = kept_mask
+    return compacted(kept, mask)

@@ -11,7 +11,10 @@ on. A *turn* is a maximal run of 1s in a row of the action mask.
 * :func:`place_turn_rewards`: the environment's reward for turn k added at turn k's last token;
 * :func:`split_turns` and :class:`TurnSplit`: the turns as rows of their own, so that any
   termination rule cuts *inside* turns (a segment never crosses a turn's end) and the cuts
-  come back to the episode's columns with :meth:`TurnSplit.join_segments`.
+  come back to the episode's columns with :meth:`TurnSplit.join_segments`;
+* :func:`spread_segments`: an episode's macro actions numbered 0, 1, ... over all its real
+  columns, each observation in the macro action before it: the layout of a response (a
+  prefix mask), which ``mc``'s boundary plans read.
 
 GAE needs nothing of its own here: :func:`marlhf_cli.macro.macro_advantages` packs each
 row's action tokens together, so the segment after an observation follows the segment
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TurnSplit", "turn_index", "turn_counts", "turn_ends", "place_turn_rewards", "split_turns"]
+__all__ = ["TurnSplit", "turn_index", "turn_counts", "turn_ends", "place_turn_rewards", "split_turns", "spread_segments"]
 
 
 def _starts(mask: torch.Tensor) -> torch.Tensor:
@@ -135,3 +138,22 @@ def split_turns(action_mask: torch.Tensor) -> TurnSplit:
     _, end = ends.nonzero(as_tuple=True)  # the same order: a row's turns left to right
     turn = turn_index(action_mask)[row, start]
     return TurnSplit(row=row, start=start, length=end - start + 1, turn=turn, shape=tuple(action_mask.shape))
+
+
+def spread_segments(segment_ids: torch.Tensor, action_mask: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """[B, T] long: k on the tokens of a row's k-th macro action (0-based, in time order; a
+    macro action is a run of equal ids among the row's action tokens, whatever the labels),
+    the number of the macro action before it on each observation column, 0 on padding
+    (``attention`` 0). A segment that starts after an observation starts at its first action
+    token, so the real columns read as a response's do: segments 0 .. S-1 over a prefix mask."""
+    real = action_mask.bool()
+    ids = segment_ids.long()
+    columns = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    # the column of the action token before each column (-1: none yet)
+    latest = torch.where(real, columns, torch.full_like(columns, -1)).cummax(dim=1).values
+    before = torch.full_like(latest, -1)
+    before[:, 1:] = latest[:, :-1]
+    previous_id = ids.gather(1, before.clamp(min=0))
+    starts = real & ((before < 0) | (previous_id != ids))
+    numbers = (starts.long().cumsum(dim=1) - 1).clamp(min=0)
+    return torch.where(attention.bool(), numbers, torch.zeros_like(numbers))

@@ -6,19 +6,29 @@ message is the prompt, its answers are read between the policy's turns, its turn
 the rewards (placed at the end of their turns, experience.make_experience). Every estimator
 that reads only the rollout works on them as it is: ``gae`` (token PPO at ``--n 1``, MA-PPO
 with any rule cutting inside turns, ``--termination turn`` for a turn per macro action),
-``rloo`` and ``grpo`` (an episode's return against its group's). ``mc`` and ``tree`` would
-need an environment copied at a boundary mid-episode and are refused for now.
+``rloo`` and ``grpo`` (an episode's return against its group's). The two that sample from
+inside an episode continue it against a replayed environment (marlhf_cli/episodes/branching.py):
+``tree`` branches at turn ends (:func:`draw`), ``mc`` continues each macro action's start to
+the episode's end and scores the continuation by the whole episode's return, the turns
+before the start included (:func:`continuation_scores`): those rewards are the same for every
+continuation of a start, so V(s_{k+1}) - V(s_k) keeps only what came after it.
 
 Seeds: the training episodes' environments are seeded with (seed, step, the episode's
-sample number), so a resumed run replays them; the held-out episodes' with (seed, the
-prompt's index), the same at every evaluation, so the evaluation before training and the last
-one play the same games.
+sample number), so a resumed run replays them (a tree's episodes all with its first
+episode's, one game per tree; a branch or a continuation with its episode's); the held-out
+episodes' with (seed, the prompt's index), the same at every evaluation, so the evaluation
+before training and the last one play the same games. A branch's and a continuation's
+tokens come from the global generator the stage seeds per step.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
+import torch
+
+from ...episodes.branching import cut
 from ...episodes.rollout import EpisodeBatch
 from ...seeding import derived_seed
 
@@ -42,9 +52,38 @@ def _play(ctx, model, records: Sequence[dict], seeds: Sequence[int]) -> EpisodeB
 
 
 def draw(ctx, step: int, records: Sequence[dict], sample_numbers: Sequence[int]) -> Callable:
-    """A step's sampling (make_experience's ``draw``): the episodes of its records."""
+    """A step's sampling (make_experience's ``draw``): the episodes of its records (``tree``:
+    a tree of K^D episodes per K^D records, which are one record repeated)."""
     seeds = [derived_seed(ctx.config.seed, step, number, "env") for number in sample_numbers]
-    return lambda model, prompts: _play(ctx, model, records, seeds)
+    if ctx.estimator.name != "tree":
+        return lambda model, prompts: _play(ctx, model, records, seeds)
+    config, leaves = ctx.config, ctx.plan.group_size
+    return lambda model, prompts: ctx.episodes.play_trees(
+        model, ctx.chat, records[::leaves], seeds[::leaves], branches=config.tree_branches, depth=config.tree_depth,
+        sampling=ctx.rollout.sampling, max_prompt_length=config.max_prompt_length, device=ctx.models.device,
+    )  # fmt: skip
+
+
+def continuation_scores(ctx, model, experience, rows: Sequence[int], columns: Sequence[int], rollouts: int
+                        ) -> tuple[torch.Tensor, int, float]:  # fmt: skip
+    """``mc`` on episodes: ``rollouts`` continuations of episode ``rows[n]`` from its column
+    ``columns[n]`` (a macro action's first token), each played to the episode's end; their
+    scores [N, rollouts] (the whole episode's turn rewards, each clipped as the rollout's are,
+    summed), the tokens they drew and the seconds it took. Sampled ``experience.batch_size x
+    rollouts`` episodes at a time."""
+    started = time.perf_counter()
+    episodes, clip = experience.episode.episodes, ctx.rollout.reward_clip
+    starts = [(row, column) for row, column in zip(rows, columns) for _ in range(rollouts)]
+    scores, tokens, chunk = [], 0, max(1, experience.batch_size * rollouts)
+    for first in range(0, len(starts), chunk):
+        part = starts[first : first + chunk]
+        finished = ctx.episodes.continued(
+            model, ctx.chat, [experience.records[row] for row, _ in part], [cut(episodes[row], column) for row, column in part],
+            sampling=ctx.rollout.sampling, max_prompt_length=ctx.config.max_prompt_length, device=ctx.models.device,
+        )  # fmt: skip
+        tokens += sum(episode.drawn for episode in finished)
+        scores += [float(torch.tensor(e.rewards).float().clamp(-clip, clip).sum()) for e in finished]
+    return torch.tensor(scores).reshape(len(rows), rollouts), tokens, time.perf_counter() - started
 
 
 def held_out(ctx, model, records: Sequence[dict], indices: Sequence[int]) -> EpisodeBatch:

@@ -34,7 +34,8 @@ import torch
 
 from ...macro import PendingSegments, SegmentStats, TerminationRule, boundary_plan, cap_segments, mc_advantages
 from ...macro.tree import leaves_per_tree, tree_advantages, tree_segment_ids
-from . import credit, tree as trees
+from ...macro.turns import spread_segments
+from . import credit, episodes, tree as trees
 from .continuations import continuation_seed, sample_continuations
 
 if TYPE_CHECKING:
@@ -191,18 +192,23 @@ def mc_cost(config, rule: TerminationRule, responses: int) -> str:
     boundary and rollout, the boundaries per response bounded by the rule (fixed n: one every
     n tokens; the text rules and ppl: as often as every token) and by --mc-max-boundaries."""
     longest = config.max_new_tokens
-    if rule.name == "fixed":
+    if getattr(config, "env", None):  # an episode: --max-turns turns of up to --max-new-tokens each
+        turns = config.max_turns
+        within = 1 if rule.name == "turn" else math.ceil(longest / rule.n) if rule.name == "fixed" and not math.isinf(rule.n) else longest
+        per_response = turns * within - 1
+    elif rule.name == "fixed":
         per_response = 0 if math.isinf(rule.n) else math.ceil(longest / rule.n) - 1
     else:
         per_response = longest - 1
     if config.mc_max_boundaries is not None:
         per_response = min(per_response, config.mc_max_boundaries)
     most = responses * per_response * config.mc_rollouts
+    what, each = ("episodes", "each played to its end") if getattr(config, "env", None) else ("responses", f"each up to {longest} tokens")
     line = (
-        f"mc: up to {most:,} continuations per step ({responses} responses x at most {per_response} boundaries x "
-        f"{config.mc_rollouts} rollouts), each up to {longest} tokens, beside the {responses} responses"
+        f"mc: up to {most:,} continuations per step ({responses} {what} x at most {per_response} boundaries x "
+        f"{config.mc_rollouts} rollouts), {each}, beside the {responses} {what}"
     )
-    if config.mc_max_boundaries is None and rule.name != "fixed":
+    if config.mc_max_boundaries is None and rule.name not in ("fixed", "turn"):
         line += f"; --mc-max-boundaries B caps the boundaries {rule.name} makes per response"
     return line
 
@@ -221,19 +227,28 @@ def mc(experience, inputs: CreditInputs) -> None:
         experience, ctx.rule, tokenizer=models.tokenizer, sample_seeds=inputs.sample_numbers, executor=ctx.executor,
         pending=inputs.pending,
     )  # fmt: skip
-    segment_ids = cap_segments(rule_ids, mask, config.mc_max_boundaries)
-    plan = boundary_plan(segment_ids, mask)
+    episode = experience.episode
+    real = mask if episode is None else episode.attention  # an episode's boundaries are columns among its observations
+    if episode is not None:
+        rule_ids = spread_segments(rule_ids, mask, real)
+    segment_ids = cap_segments(rule_ids, real, config.mc_max_boundaries)
+    plan = boundary_plan(segment_ids, real)
     rollouts = config.mc_rollouts
-    seeds = [
-        continuation_seed(config.seed, inputs.step, inputs.sample_numbers[row], position, rollout)
-        for row, position in zip(plan.rows.tolist(), plan.positions.tolist())
-        for rollout in range(rollouts)
-    ]
-    continuations = sample_continuations(
-        inputs.sampler if inputs.sampler is not None else models.sampler.model(), models.tokenizer, models.reward,
-        experience, plan, ctx.rollout, rollouts=rollouts, seeds=seeds, rows_per_batch=experience.batch_size * rollouts,
-    )  # fmt: skip
-    advantages = mc_advantages(experience.scores, ctx.plan.group_size, continuations.scores, plan, segment_ids, mask)
+    model = inputs.sampler if inputs.sampler is not None else models.sampler.model()
+    if episode is not None:  # each continuation plays the episode to its end against a replayed environment
+        scores, tokens, seconds = episodes.continuation_scores(ctx, model, experience, plan.rows.tolist(), plan.positions.tolist(), rollouts)
+    else:
+        seeds = [
+            continuation_seed(config.seed, inputs.step, inputs.sample_numbers[row], position, rollout)
+            for row, position in zip(plan.rows.tolist(), plan.positions.tolist())
+            for rollout in range(rollouts)
+        ]
+        continuations = sample_continuations(
+            model, models.tokenizer, models.reward, experience, plan, ctx.rollout, rollouts=rollouts, seeds=seeds,
+            rows_per_batch=experience.batch_size * rollouts,
+        )  # fmt: skip
+        scores, tokens, seconds = continuations.scores, continuations.tokens, continuations.seconds
+    advantages = mc_advantages(experience.scores, ctx.plan.group_size, scores, plan, segment_ids, mask)
     advantages = advantages.to(device=mask.device, dtype=experience.rewards.dtype)
     if config.whiten_advantages:
         advantages = credit.whiten(advantages, mask)
@@ -242,8 +257,8 @@ def mc(experience, inputs: CreditInputs) -> None:
     experience.returns = None
     experience.segment_stats = dataclasses.replace(rule_stats, segments=int(plan.segments.sum()))
     experience.continuations = len(plan) * rollouts
-    experience.continuation_tokens = continuations.tokens
-    experience.continuation_seconds = continuations.seconds
+    experience.continuation_tokens = tokens
+    experience.continuation_seconds = seconds
 
 
 def _describe_tree(config, rule: TerminationRule, k: int) -> str:

@@ -222,7 +222,7 @@ def make_experience(
         old_logp = None
         if hasattr(drawn, "turn_rewards"):
             episode, prompts = drawn, drawn.prompts
-        else:
+        if getattr(drawn, "branch_positions", None) is not None:  # a tree's leaves (of episodes or responses)
             tree = drawn
     generated = time.perf_counter()
     if on_sampled is not None:

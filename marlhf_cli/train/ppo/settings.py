@@ -174,9 +174,9 @@ def _check_episodes(config, plan: RunPlan) -> None:
     """--env's combinations: what does not apply to episodes, or not yet."""
     if not config.env:
         return
-    if plan.estimator.name in ("mc", "tree"):
-        raise UserError(f"--advantage {plan.estimator.name} does not run on --env episodes yet (it would copy an environment "
-                        "mid-episode): use gae, rloo or grpo")  # fmt: skip
+    if plan.estimator.name == "tree" and plan.rule.name != "turn":
+        raise UserError(f"--advantage tree on --env episodes branches where turns end: add --termination turn (got "
+                        f"--termination {plan.rule.name})")  # fmt: skip
     if config.reward:
         raise UserError("--reward does not apply with --env: an episode's rewards are its environment's (step() returns them)")
     if config.missing_eos_penalty:
