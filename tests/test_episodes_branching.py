@@ -282,6 +282,18 @@ def test_a_tree_of_episodes_plays_one_game_shares_its_nodes_and_has_the_brute_fo
         assert (experience.advantages[row][~mask[row]] == 0).all()
 
 
+@pytest.mark.parametrize("advantage", [{"advantage": "grpo"}, {"advantage": "mc", "mc_rollouts": 1}])
+def test_the_episodes_of_one_record_play_one_game(tmp_path, advantage):
+    """A group's K episodes (one record) get one seed, so a game that draws its secret from
+    the seed is one game for the group's baseline; the step's groups get different seeds."""
+    records = tmp_path / "games.jsonl"
+    records.write_text("".join(json.dumps({"prompt": f"Game {i}: guess my letter from a to h."}) + "\n" for i in range(8)))
+    config = _config(tmp_path, dataset=str(records), rollout_batch_size=2, mini_batch_size=2, samples_per_prompt=4, **advantage)
+    episodes = _episode_experience(_build(config)).episode.episodes
+    seeds = [episode.seed for episode in episodes]
+    assert seeds[:4] == [seeds[0]] * 4 and seeds[4:] == [seeds[4]] * 4 and seeds[0] != seeds[4]
+
+
 @pytest.mark.parametrize("termination", [{"termination": "turn"}, {"termination": "fixed", "n": 2}])
 def test_mc_continuations_count_the_turns_before_their_start(tmp_path, first_counts, termination):
     """A game that rewards only the first turn: a continuation from any macro action after it

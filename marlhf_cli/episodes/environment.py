@@ -12,8 +12,9 @@ observation (a user message, or ``{"role": "tool", "content": ...}``; ``None`` o
 episode is over), the reward for that turn (``None`` counts as 0) and whether the episode is
 over: Gymnasium's ``(observation, reward, terminated)`` without its ``info``. A list or a
 dict with those three keys is taken too. The seed is derived from the run's seed, the step
-and the episode's number, so a resumed run replays every episode as the uninterrupted run
-played it; an environment that draws anything at random must draw it from that seed.
+and the episode's group (the episodes of one record in a step share it: one game), so a
+resumed run replays every episode as the uninterrupted run played it; an environment that
+draws anything at random must draw it from that seed.
 
 Each call runs in a thread of its own and is given ``--env-timeout`` seconds: an environment
 that raises, hangs past its limit or returns the wrong thing stops the run with one line

@@ -13,9 +13,10 @@ the episode's end and scores the continuation by the whole episode's return, the
 before the start included (:func:`continuation_scores`): those rewards are the same for every
 continuation of a start, so V(s_{k+1}) - V(s_k) keeps only what came after it.
 
-Seeds: the training episodes' environments are seeded with (seed, step, the episode's
-sample number), so a resumed run replays them (a tree's episodes all with its first
-episode's, one game per tree; a branch or a continuation with its episode's); the held-out
+Seeds: the training episodes' environments are seeded with (seed, step, the sample number
+of their group's first episode), so a resumed run replays them, and the K episodes of one
+record (a group for rloo, grpo and mc; a tree's K^D) play one game, as K responses answer
+one prompt (a branch or a continuation: its episode's seed); the held-out
 episodes' with (seed, the prompt's index), the same at every evaluation, so the evaluation
 before training and the last one play the same games. A branch's and a continuation's
 tokens come from the global generator the stage seeds per step.
@@ -54,7 +55,8 @@ def _play(ctx, model, records: Sequence[dict], seeds: Sequence[int]) -> EpisodeB
 def draw(ctx, step: int, records: Sequence[dict], sample_numbers: Sequence[int]) -> Callable:
     """A step's sampling (make_experience's ``draw``): the episodes of its records (``tree``:
     a tree of K^D episodes per K^D records, which are one record repeated)."""
-    seeds = [derived_seed(ctx.config.seed, step, number, "env") for number in sample_numbers]
+    group = ctx.plan.group_size  # consecutive episodes of one record
+    seeds = [derived_seed(ctx.config.seed, step, sample_numbers[k - k % group], "env") for k in range(len(sample_numbers))]
     if ctx.estimator.name != "tree":
         return lambda model, prompts: _play(ctx, model, records, seeds)
     config, leaves = ctx.config, ctx.plan.group_size
