@@ -428,3 +428,16 @@ def test_a_tree_of_episodes_on_two_processes_with_its_completions_table(tmp_path
     (table,) = tensorboard_texts(tmp_path / "tb" / "ppo-tree-turn", "completions").values()
     assert "| prompt | response | score | segment_advantages |" in table and "@@" in table
     assert "[" in table and any(answer in table for answer in ("comes earlier", "comes later", "not a letter", "Right, it was"))
+
+
+def test_the_start_up_line_bounds_the_continuations_of_episodes(tmp_path):
+    """mc on episodes: at most --max-turns turns, each cut as the rule cuts a turn."""
+    from marlhf_cli.train.ppo import credit
+    from marlhf_cli.train.ppo.estimators import mc_cost
+
+    turn = _config(tmp_path, advantage="mc", max_turns=3)
+    assert mc_cost(turn, credit.make_rule(turn), 8) == (
+        "mc: up to 32 continuations per step (8 episodes x at most 2 boundaries x 2 rollouts), each played to its end, "
+        "beside the 8 episodes")  # fmt: skip
+    fixed = _config(tmp_path, advantage="mc", max_turns=3, termination="fixed", n=2, max_new_tokens=4)
+    assert "(8 episodes x at most 5 boundaries x 2 rollouts)" in mc_cost(fixed, credit.make_rule(fixed), 8)

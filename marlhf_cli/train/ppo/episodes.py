@@ -59,9 +59,9 @@ def draw(ctx, step: int, records: Sequence[dict], sample_numbers: Sequence[int])
     seeds = [derived_seed(ctx.config.seed, step, sample_numbers[k - k % group], "env") for k in range(len(sample_numbers))]
     if ctx.estimator.name != "tree":
         return lambda model, prompts: _play(ctx, model, records, seeds)
-    config, leaves = ctx.config, ctx.plan.group_size
+    config = ctx.config
     return lambda model, prompts: ctx.episodes.play_trees(
-        model, ctx.chat, records[::leaves], seeds[::leaves], branches=config.tree_branches, depth=config.tree_depth,
+        model, ctx.chat, records[::group], seeds[::group], branches=config.tree_branches, depth=config.tree_depth,
         sampling=ctx.rollout.sampling, max_prompt_length=config.max_prompt_length, device=ctx.models.device,
     )  # fmt: skip
 

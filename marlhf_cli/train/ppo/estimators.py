@@ -192,10 +192,12 @@ def mc_cost(config, rule: TerminationRule, responses: int) -> str:
     boundary and rollout, the boundaries per response bounded by the rule (fixed n: one every
     n tokens; the text rules and ppl: as often as every token) and by --mc-max-boundaries."""
     longest = config.max_new_tokens
-    if getattr(config, "env", None):  # an episode: --max-turns turns of up to --max-new-tokens each
-        turns = config.max_turns
-        within = 1 if rule.name == "turn" else math.ceil(longest / rule.n) if rule.name == "fixed" and not math.isinf(rule.n) else longest
-        per_response = turns * within - 1
+    if getattr(config, "env", None):  # an episode: --max-turns turns of up to --max-new-tokens each, cut turn by turn
+        if rule.name == "turn" or (rule.name == "fixed" and math.isinf(rule.n)):
+            per_turn = 1
+        else:
+            per_turn = math.ceil(longest / rule.n) if rule.name == "fixed" else longest
+        per_response = config.max_turns * per_turn - 1
     elif rule.name == "fixed":
         per_response = 0 if math.isinf(rule.n) else math.ceil(longest / rule.n) - 1
     else:
