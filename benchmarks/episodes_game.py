@@ -21,6 +21,14 @@ the results and every deviation):
   median over those that did (bootstrap); and the return against generated tokens, drawn
   (plots/episodes-game.png).
 
+Two arms added after those 30 runs were reported, their protocol fixed before their own runs
+(2026-12-05): ``tree-turn`` (``--advantage tree --termination turn``, K = 2, D = 2: 4 games x
+4 leaves a step, each tree branching at the end of its episodes' first turn) and ``mc-turn``
+(``--advantage mc --termination turn``, 4 games x 4 episodes, M = 2 continuations from each
+turn's start), neither with a critic; the same stage, rates, seeds, steps and outcomes. They
+are read against ``ma-turn`` and ``ppo-token`` descriptively (a ratio of median tokens with
+its interval); mc's continuations count among its generated tokens.
+
 Each run is ``marlhf ppo --env`` through its own ``ppo.run`` (studies/credit/runs.py's
 workers); records are JSON files under ``--out`` (a rerun skips those it has). ``--quick``: 2
 seeds, 6 steps: the same path as a smoke test.
@@ -59,7 +67,11 @@ ARMS = {
     "ppo-token": {"termination": "fixed", "n": 1},
     "ma-turn": {"termination": "turn"},
     "grpo": {"advantage": "grpo", "samples_per_prompt": 4},
+    # added after the first 30 runs (docstring): the two estimators that continue an episode from inside it
+    "tree-turn": {"advantage": "tree", "termination": "turn", "tree_branches": 2, "tree_depth": 2},
+    "mc-turn": {"advantage": "mc", "termination": "turn", "samples_per_prompt": 4, "mc_rollouts": 2},
 }
+GROUPS = {"tree-turn": 4}  # episodes per record where no --samples-per-prompt says it (a tree's K^D)
 STAGE = dict(env=GAME, dataset=str(GAMES), split_shares="0/0/3/1", max_turns=4, max_new_tokens=4, max_episode_tokens=96,
              max_prompt_length=64, temperature=1.0, top_k=0, kl_coef=0.0, ppo_epochs=1, lr_scheduler="constant",
              dtype="fp32", report_to="none")  # fmt: skip
@@ -82,7 +94,7 @@ def run_job(job: dict) -> dict:
     from marlhf_cli.train import ppo
 
     flags = dict(job["flags"])
-    group = flags.get("samples_per_prompt", 1)
+    group = GROUPS.get(job["arm"], flags.get("samples_per_prompt", 1))
     work = Path(tempfile.mkdtemp(prefix="marlhf-episodes-game-"))
     try:
         config = H.ppo_config(work, name="run", policy="tiny", reward_model="tiny", **job["stage"], **flags,
