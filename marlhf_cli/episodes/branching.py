@@ -20,7 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import torch
+
 from ..errors import UserError
+from ..macro.turns import turn_index
 from .environment import FLAG, Environments
 from .rollout import Episode
 
@@ -31,13 +34,9 @@ def cut(episode: Episode, column: int) -> Episode:
     turn before ``column`` (``partial``)."""
     if not 0 < column < len(episode.tokens) or not episode.actions[column]:
         raise ValueError(f"column {column} is not a policy token inside the episode ({len(episode.tokens)} tokens)")
-    finished, start = 0, 0
-    for index in range(column):
-        if episode.actions[index] and (index == 0 or not episode.actions[index - 1]):
-            start = index  # the latest turn's first column
-        if episode.actions[index] and not episode.actions[index + 1]:
-            finished += 1  # a turn that ends before the column
-    partial = column - start if episode.actions[column - 1] else 0
+    turns = _turn_of(episode)
+    finished = turns[column]  # the column's turn: the ones before it are over
+    partial = turns[:column].count(finished)  # its tokens before the column
     return Episode(
         episode.first, episode.prompt, list(episode.prompt_row), episode.seed, tokens=episode.tokens[:column],
         actions=episode.actions[:column], replies=episode.replies[:finished], observations=episode.observations[:finished],
@@ -48,13 +47,13 @@ def cut(episode: Episode, column: int) -> Episode:
 def turn_start(episode: Episode, turn: int) -> int:
     """The column where the episode's turn ``turn`` (0-based) begins, or its length when it has
     no such turn."""
-    seen = -1
-    for index, action in enumerate(episode.actions):
-        if action and (index == 0 or not episode.actions[index - 1]):
-            seen += 1
-            if seen == turn:
-                return index
-    return len(episode.tokens)
+    turns = _turn_of(episode)
+    return turns.index(turn) if turn in turns else len(episode.tokens)
+
+
+def _turn_of(episode: Episode) -> list[int]:
+    """Each column's turn (0-based), -1 on the observations (:func:`marlhf_cli.macro.turns.turn_index`)."""
+    return turn_index(torch.tensor([episode.actions], dtype=torch.long))[0].tolist()
 
 
 def replayed(spec: str, factory, records: Sequence[dict], starts: Sequence[Episode], *, timeout: float) -> Environments:
