@@ -42,12 +42,9 @@ class Episodes:
         """The episodes ``starts`` (cut from others: :func:`.branching.cut`) played to their ends,
         each against its environment replayed up to where it stands (``records``: theirs)."""
         from .branching import replayed
-        from .rollout import play
 
         environments = replayed(self.spec, self.factory, records, starts, timeout=self.timeout)
-        play(model, chat, environments, starts, self._sampling(sampling, max_prompt_length), max_turns=self.max_turns,
-             max_episode_tokens=self.max_episode_tokens, device=device)  # fmt: skip
-        return list(starts)
+        return self._played(model, chat, environments, starts, sampling=sampling, max_prompt_length=max_prompt_length, device=device)
 
     def play_trees(self, model, chat, records: Sequence[dict], seeds: Sequence[int], *, branches: int, depth: int, sampling,
                    max_prompt_length: int, device):  # fmt: skip
@@ -75,13 +72,19 @@ class Episodes:
     def _started(self, model, chat, records, seeds, *, sampling, max_prompt_length: int, device) -> list:
         """New episodes of ``records`` played to their ends."""
         from .environment import Environments
-        from .rollout import play, started
+        from .rollout import started
 
         environments = Environments(self.spec, self.factory, records, seeds, timeout=self.timeout)
         episodes = started(chat, environments, max_prompt_length)
+        return self._played(model, chat, environments, episodes, sampling=sampling, max_prompt_length=max_prompt_length, device=device)
+
+    def _played(self, model, chat, environments, episodes: Sequence, *, sampling, max_prompt_length: int, device) -> list:
+        """``episodes`` played to their ends against ``environments``, within this command's budgets."""
+        from .rollout import play
+
         play(model, chat, environments, episodes, self._sampling(sampling, max_prompt_length), max_turns=self.max_turns,
              max_episode_tokens=self.max_episode_tokens, device=device)  # fmt: skip
-        return episodes
+        return list(episodes)
 
     def _sampling(self, sampling, max_prompt_length: int):
         # the static cache holds a whole episode's context, not a prompt and one response

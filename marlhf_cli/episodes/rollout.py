@@ -48,6 +48,7 @@ from .environment import Environments, Observation
 class EpisodeBatch:
     """A batch of finished episodes; [B, T] tensors are aligned with the columns after the prompt."""
 
+    episodes: list["Episode"]  # the episodes themselves (what a branch replays; the rest is read off them)
     prompts: list[str]  # each episode's prompt as the policy read it (the first user message, rendered)
     prompt_ids: torch.Tensor  # [B, P] left-padded
     prompt_mask: torch.Tensor
@@ -56,20 +57,31 @@ class EpisodeBatch:
     attention: torch.Tensor  # [B, T] long: 1 on every real token, observations included
     has_eos: torch.Tensor  # [B] bool: the last turn ended at a stop token
     turn_rewards: torch.Tensor  # [B, K] float: the environment's reward for each turn, 0 past a row's last
-    transcripts: list[list[dict]] = field(default_factory=list)  # [{"role", "content"}, ...] per episode
-    truncated: torch.Tensor | None = None  # [B] bool: ended by a budget, not by the environment
-    episodes: list["Episode"] = field(default_factory=list)  # the episodes themselves (what a branch replays)
     # --advantage tree: [B, D - 1] the column where each level's node after the first begins
     # (the first token of the turn after the branching turn end; at or past the row's end when
     # the episode ended before it), as :class:`marlhf_cli.train.ppo.tree.TreeRollout` has
     branch_positions: torch.Tensor | None = None
-    sampled_tokens: int = 0  # tokens the policy drew for these rows (a tree's shared turns once)
     fallbacks: int = 0  # a tree's rule fallbacks: none, turn ends are never guessed
+
+    @property
+    def transcripts(self) -> list[list[dict]]:
+        """[{"role", "content"}, ...] per episode."""
+        return [episode.transcript for episode in self.episodes]
 
     @property
     def turns(self) -> torch.Tensor:
         """[B] the number of assistant turns of each episode."""
-        return torch.tensor([sum(1 for message in t if message["role"] == "assistant") for t in self.transcripts])
+        return torch.tensor([len(episode.replies) for episode in self.episodes])
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """[B] bool: ended by a budget, not by the environment."""
+        return torch.tensor([episode.truncated for episode in self.episodes])
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the policy drew for these rows (a tree's shared turns once)."""
+        return sum(episode.drawn for episode in self.episodes)
 
     @property
     def shared_tokens(self) -> int:
@@ -79,6 +91,11 @@ class EpisodeBatch:
     def returns(self) -> torch.Tensor:
         """[B] each episode's return: the sum of its turn rewards."""
         return self.turn_rewards.sum(dim=1)
+
+    def clipped_turn_rewards(self, clip: float) -> torch.Tensor:
+        """[B, K] each turn's reward clipped to [-clip, clip], as PPO places it (the episode's
+        score is their sum)."""
+        return self.turn_rewards.float().clamp(-clip, clip)
 
 
 @dataclass
@@ -222,11 +239,9 @@ def as_batch(episodes: Sequence[Episode], pad_token_id: int, device) -> EpisodeB
     for b, episode in enumerate(episodes):
         turn_rewards[b, : len(episode.observations)] = torch.tensor(episode.rewards)
     return EpisodeBatch(
-        prompts=[e.prompt for e in episodes], prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids.to(device),
-        mask=action_mask.to(device), attention=attention.to(device), has_eos=torch.tensor([e.ended for e in episodes]),
-        turn_rewards=turn_rewards, transcripts=[e.transcript for e in episodes],
-        truncated=torch.tensor([e.truncated for e in episodes]), episodes=list(episodes),
-        sampled_tokens=sum(e.drawn for e in episodes),
+        episodes=list(episodes), prompts=[e.prompt for e in episodes], prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        response_ids=response_ids.to(device), mask=action_mask.to(device), attention=attention.to(device),
+        has_eos=torch.tensor([e.ended for e in episodes]), turn_rewards=turn_rewards,
     )  # fmt: skip
 
 

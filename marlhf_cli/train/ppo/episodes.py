@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...episodes.branching import cut
-from ...episodes.rollout import EpisodeBatch
+from ...episodes.rollout import EpisodeBatch, as_batch
 from ...seeding import derived_seed
 
 
@@ -74,18 +74,20 @@ def continuation_scores(ctx, model, experience, rows: Sequence[int], columns: Se
     summed), the tokens they drew and the seconds it took. Sampled ``experience.batch_size x
     rollouts`` episodes at a time."""
     started = time.perf_counter()
-    episodes, clip = experience.episode.episodes, ctx.rollout.reward_clip
+    episodes = experience.episode.episodes
     starts = [(row, column) for row, column in zip(rows, columns) for _ in range(rollouts)]
-    scores, tokens, chunk = [], 0, max(1, experience.batch_size * rollouts)
+    sums, tokens, chunk = [], 0, max(1, experience.batch_size * rollouts)
     for first in range(0, len(starts), chunk):
         part = starts[first : first + chunk]
         finished = ctx.episodes.continued(
             model, ctx.chat, [experience.records[row] for row, _ in part], [cut(episodes[row], column) for row, column in part],
             sampling=ctx.rollout.sampling, max_prompt_length=ctx.config.max_prompt_length, device=ctx.models.device,
         )  # fmt: skip
-        tokens += sum(episode.drawn for episode in finished)
-        scores += [float(torch.tensor(e.rewards).float().clamp(-clip, clip).sum()) for e in finished]
-    return torch.tensor(scores).reshape(len(rows), rollouts), tokens, time.perf_counter() - started
+        played = as_batch(finished, ctx.models.tokenizer.pad_token_id, "cpu")
+        tokens += played.sampled_tokens
+        sums.append(played.clipped_turn_rewards(ctx.rollout.reward_clip).sum(dim=1))
+    scores = torch.cat(sums) if sums else torch.zeros(0)  # no boundary: no continuation
+    return scores.reshape(len(rows), rollouts), tokens, time.perf_counter() - started
 
 
 def held_out(ctx, model, records: Sequence[dict], indices: Sequence[int]) -> EpisodeBatch:

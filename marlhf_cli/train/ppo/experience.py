@@ -252,7 +252,7 @@ def make_experience(
     turn_rewards = None
     if episode is not None:  # the environment scored each turn: clipped one by one, placed at each turn's end
         raw_scores = episode.returns().float().to(old_logp.device)
-        turn_rewards = episode.turn_rewards.float().clamp(-settings.reward_clip, settings.reward_clip).to(old_logp.device)
+        turn_rewards = episode.clipped_turn_rewards(settings.reward_clip).to(old_logp.device)
         score_parts, scores = {}, turn_rewards.sum(dim=1)
     else:
         with resident(getattr(reward_fn, "model", None), device, settings.offload_frozen):
