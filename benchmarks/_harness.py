@@ -153,6 +153,21 @@ def write_prompts(path: Path, count: int = 120) -> Path:
     return path
 
 
+def print_against_baseline(what: str, unit: str, against: str, rows: list[tuple[str, list[float]]]) -> None:
+    """A Markdown table of settings timed in interleaved rounds: each row's median, its ratio to
+    the first row's median (the baseline, named ``against`` in the header) and its ratio to the
+    baseline round by round."""
+    import statistics
+
+    _, base_times = rows[0]
+    base = statistics.median(base_times)
+    print(f"| {what} | {unit}, median of {len(base_times)} | / {against} | per round |")
+    print("|---|---:|---:|---|")
+    for label, times in rows:
+        per_round = ", ".join(f"{t / b:.2f}" for t, b in zip(times, base_times))
+        print(f"| {label} | {statistics.median(times):.2f} | {statistics.median(times) / base:.2f} | {per_round} |")
+
+
 def median(values):
     import statistics
 

@@ -212,12 +212,8 @@ def cache_timing(rounds: int = 5, model_name: str = "random:smollm2-135m", games
     print(f"# {model_name}, {games} games, at most {turns} turns of {tokens} tokens; last round: "
           f"{sum(len(e.replies) for e in last)} turns, {sum(e.drawn for e in last)} tokens drawn, the longest context "
           f"{context} tokens; the same episodes both ways in every round: {same}")  # fmt: skip
-    print(f"| turns | s per batch, median of {rounds} | / reading again | per round |")
-    print("|---|---:|---:|---|")
-    base = statistics.median(seen[False])
-    for keep, label in ((False, "each reads its whole context again"), (True, "each starts from the kept keys and values")):
-        per_round = ", ".join(f"{t / b:.2f}" for t, b in zip(seen[keep], seen[False]))
-        print(f"| {label} | {statistics.median(seen[keep]):.2f} | {statistics.median(seen[keep]) / base:.2f} | {per_round} |")
+    H.print_against_baseline("turns", "s per batch", "reading again", [
+        ("each reads its whole context again", seen[False]), ("each starts from the kept keys and values", seen[True])])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,12 +174,8 @@ def cache_timing(rounds: int = 5, model_name: str = "random:smollm2-135m") -> No
     prompt_tokens = [int(m.sum()) for m in drawn.prompt_mask[::leaves]]
     print(f"# {model_name}, prompts of {prompt_tokens} tokens, K={branches} D={depth} fixed 8, 24-token responses; "
           f"last round: {tokens} tokens drawn, {cached} prefix tokens not read again")  # fmt: skip
-    print(f"| sampler | s per batch of 2 trees, median of {rounds} | / reading again | per round |")
-    print("|---|---:|---:|---|")
-    base = statistics.median(seen[False])
-    for reuse, label in ((False, "every level reads its prefixes again"), (True, "children start from the parent's rows")):
-        per_round = ", ".join(f"{t / b:.2f}" for t, b in zip(seen[reuse], seen[False]))
-        print(f"| {label} | {statistics.median(seen[reuse]):.2f} | {statistics.median(seen[reuse]) / base:.2f} | {per_round} |")
+    H.print_against_baseline("sampler", "s per batch of 2 trees", "reading again", [
+        ("every level reads its prefixes again", seen[False]), ("children start from the parent's rows", seen[True])])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,21 +26,10 @@ from marlhf_cli.episodes.branching import cut, grow_trees, replayed, turn_start
 from marlhf_cli.episodes.environment import Environments, Observation
 from marlhf_cli.episodes.rollout import Episode
 from marlhf_cli.errors import UserError
+from test_episodes import _runs
 from test_episodes_stage import GAME, ROOT, _build, _config, _episode_experience, _rows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _runs(actions: list[int]) -> list[tuple[int, int]]:
-    """(first, last) column of each turn: the runs of 1s, found one column at a time."""
-    runs, begin = [], None
-    for column, action in enumerate(actions + [0]):
-        if action and begin is None:
-            begin = column
-        if not action and begin is not None:
-            runs.append((begin, column - 1))
-            begin = None
-    return runs
 
 
 def _random_episode(rng: random.Random) -> Episode:
@@ -68,8 +57,8 @@ def test_cut_keeps_the_finished_turns_and_the_tokens_of_an_unfinished_one():
                     cut(episode, column)
                 continue
             part = cut(episode, column)
-            finished = sum(1 for _, last in runs if last < column)
-            inside = [first for first, last in runs if first < column <= last]
+            finished = sum(1 for _, end in runs if end <= column)
+            inside = [first for first, end in runs if first < column < end]
             assert part.tokens == episode.tokens[:column] and part.actions == episode.actions[:column]
             assert part.replies == episode.replies[:finished] and part.observations == episode.observations[:finished]
             assert part.partial == (column - inside[0] if inside else 0)
